@@ -1,0 +1,171 @@
+// StorageBackend: the narrow, object-shaped interface every store sits on.
+//
+// A backend moves bytes and nothing else. It names objects by *keys*:
+// relative paths of one or more components joined by '/', each component
+// made of [A-Za-z0-9._-] (see ValidateKey). It never interprets them. The
+// commit protocol, checksums, manifests and LATEST live in the core
+// (store.h), so every backend gets identical verification and crash
+// semantics.
+//
+// Durability contract (what the core relies on):
+//   * An object becomes visible under its key only when ObjectWriter::Commit
+//     returns OK, and at that moment its bytes and the name are durable
+//     (POSIX: fsync the file, close, rename, fsync the directory).
+//   * Before that, nothing is visible under the key. In-flight data may be
+//     visible to List() only as keys whose last component starts with
+//     kTempMarker; the core deletes those when no writer holds the lock.
+//   * Delete is durable when it returns OK.
+//
+// Thread safety: a backend may be used from several threads at once; a
+// single ObjectWriter or ObjectReader may not.
+#ifndef CKPTIO_BACKEND_H_
+#define CKPTIO_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptio/status.h"
+
+namespace ckptio {
+
+// The last component of every in-flight (uncommitted) object starts with this.
+inline constexpr std::string_view kTempMarker = ".ckptio-tmp.";
+
+// Limits on keys, enforced by ValidateKey.
+inline constexpr size_t kMaxKeyComponent = 200;
+inline constexpr size_t kMaxKeyLength = 1024;
+
+// OK if `key` is a legal key: non-empty components separated by single '/',
+// each of [A-Za-z0-9._-], none "." or "..", no leading or trailing '/', at
+// most kMaxKeyComponent bytes per component and kMaxKeyLength in all.
+// InvalidArgument naming the offence otherwise. Backends call this on every
+// key they receive, so nothing is ever written outside the store.
+Status ValidateKey(std::string_view key);
+
+// OK if `prefix` may be passed to StorageBackend::List: "" (everything), a
+// legal key, or a legal key followed by one '/'.
+Status ValidatePrefix(std::string_view prefix);
+
+// Writes one object. Not thread-safe.
+class ObjectWriter {
+ public:
+  // Discards the object if Commit() did not succeed. Never throws and never
+  // makes anything visible.
+  virtual ~ObjectWriter() = default;
+
+  // Appends bytes. They are not durable or visible until Commit().
+  virtual Status Append(const void* data, size_t size) = 0;
+
+  // Makes the object durable and visible under its key, atomically. On
+  // error the object is discarded (its temp data removed where possible);
+  // the writer must not be used again. Never retries a failed sync.
+  virtual Status Commit() = 0;
+};
+
+// Reads one committed object. Not thread-safe.
+class ObjectReader {
+ public:
+  virtual ~ObjectReader() = default;
+  // Size of the object when it was opened.
+  virtual uint64_t Size() const = 0;
+  // Fills buf with exactly `size` bytes starting at `offset`. Reading past
+  // the end is DataLoss (a short object is a torn object).
+  virtual Status ReadAt(uint64_t offset, void* buf, size_t size) = 0;
+};
+
+// An exclusive lock held until the object is destroyed.
+class BackendLock {
+ public:
+  virtual ~BackendLock() = default;
+};
+
+enum class WriteMode {
+  kReplace,          // Atomically replace an existing object, if any.
+  kCreateExclusive,  // Fail with AlreadyExists if the key exists.
+};
+
+struct ObjectInfo {
+  uint64_t size = 0;
+};
+
+class StorageBackend {
+ public:
+  virtual ~StorageBackend() = default;
+
+  // Where the backend points, for messages ("file:///ckpt/run42").
+  virtual std::string Uri() const = 0;
+
+  // Starts a new object under `key`. Missing parent "directories" are
+  // created as needed. Nothing is visible until ObjectWriter::Commit().
+  virtual Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key,
+                                                          WriteMode mode) = 0;
+
+  // Opens a committed object. NotFound if absent.
+  virtual Result<std::unique_ptr<ObjectReader>> OpenObject(
+      std::string_view key) = 0;
+
+  // NotFound if absent.
+  virtual Result<ObjectInfo> Stat(std::string_view key) = 0;
+
+  // Every key that starts with `prefix` ("" for all, "step-000000000001/"
+  // for one directory), sorted, including in-flight temp objects. A missing
+  // prefix is an empty list, not an error; NotFound means the store itself
+  // (the backend's root) does not exist. Entries that are not plain objects
+  // (symlinks, devices) are skipped.
+  virtual Result<std::vector<std::string>> List(std::string_view prefix) = 0;
+
+  // Durably deletes the object. NotFound if absent. A "directory" that
+  // becomes empty disappears with its last object.
+  virtual Status Delete(std::string_view key) = 0;
+
+  // Tries once to take an exclusive inter-process lock named `key`.
+  // FailedPrecondition if another holder has it (including another holder
+  // in this process). Unimplemented if the backend cannot lock.
+  virtual Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key) {
+    (void)key;
+    return Status(Code::kUnimplemented,
+                  Uri() + ": this backend does not support locks");
+  }
+};
+
+// A parsed store URI: "file:///abs/path", "nfs://server/export?version=3",
+// or a plain path (scheme "file").
+struct Uri {
+  std::string scheme;  // lowercase, never empty
+  std::string authority;  // "" for file://
+  std::string path;
+  std::map<std::string, std::string> params;  // from "?k=v&k2=v2"
+
+  static Result<Uri> Parse(std::string_view text);
+};
+
+using BackendFactory =
+    std::function<Result<std::unique_ptr<StorageBackend>>(const Uri& uri)>;
+
+// Maps URI schemes to backend factories. Backends are registered by explicit
+// calls (see ckptio/backends.h), never by static initialisers a linker could
+// drop.
+class BackendRegistry {
+ public:
+  // AlreadyExists if the scheme is taken; InvalidArgument if it is not
+  // lowercase [a-z0-9+.-].
+  Status Register(std::string scheme, BackendFactory factory);
+
+  // Parses `uri` and builds the backend of its scheme. An unknown scheme is
+  // InvalidArgument listing the known ones.
+  Result<std::unique_ptr<StorageBackend>> Open(std::string_view uri) const;
+
+  std::vector<std::string> Schemes() const;
+
+ private:
+  std::map<std::string, BackendFactory> factories_;
+};
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_BACKEND_H_

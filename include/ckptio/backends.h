@@ -1,0 +1,23 @@
+// The backends built into this ckptio (library ckptio::backends).
+#ifndef CKPTIO_BACKENDS_H_
+#define CKPTIO_BACKENDS_H_
+
+#include <memory>
+#include <string_view>
+
+#include "ckptio/backend.h"
+#include "ckptio/store.h"
+
+namespace ckptio {
+
+// A registry holding every built-in backend ("file" today). Each plugin is
+// registered by an explicit call here, so none can be dropped by the
+// linker. Built once, on first use; thread-safe.
+const BackendRegistry& BuiltinBackends();
+
+// Store::Open(uri, BuiltinBackends()).
+Result<std::unique_ptr<Store>> OpenStore(std::string_view uri);
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_BACKENDS_H_

@@ -1,0 +1,119 @@
+// The manifest (MANIFEST.json): a checkpoint's commit record, and LATEST.
+//
+// Both are JSON objects sealed with a self-checksum: the member "checksum"
+// holds the XXH3-128 (hex) of the object's canonical serialisation without
+// that member (keys sorted, no whitespace: nlohmann::json::dump(), or
+// Python's json.dumps(obj, sort_keys=True, separators=(",", ":"),
+// ensure_ascii=False)). docs/FORMAT.md describes every field.
+//
+// Parsing is strict: unknown or missing members, wrong types, values out of
+// range, illegal object names, counts or sizes beyond the limits below and a
+// bad checksum are all DataLoss errors naming the field. A format version
+// newer than this build understands is FailedPrecondition.
+#ifndef CKPTIO_MANIFEST_H_
+#define CKPTIO_MANIFEST_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptio/hash.h"
+#include "ckptio/status.h"
+
+namespace ckptio {
+
+inline constexpr int kManifestFormatVersion = 1;
+inline constexpr int kLatestFormatVersion = 1;
+
+// Bounds that keep a hostile manifest from making us allocate gigabytes.
+inline constexpr size_t kMaxManifestBytes = 64u << 20;
+inline constexpr size_t kMaxLatestBytes = 4096;
+inline constexpr size_t kMaxObjects = 100000;
+inline constexpr size_t kMaxMetadataEntries = 10000;
+inline constexpr size_t kMaxMetadataKeyBytes = 256;
+inline constexpr size_t kMaxMetadataValueBytes = 1u << 20;
+inline constexpr uint64_t kMaxObjectBytes = uint64_t{1} << 48;  // 256 TiB
+inline constexpr uint64_t kMinChunkBytes = 4096;
+inline constexpr uint64_t kMaxChunkBytes = 64u << 20;
+inline constexpr uint64_t kDefaultChunkBytes = 4u << 20;
+inline constexpr int64_t kMaxStep = 999999999999;  // 12 decimal digits
+
+// The manifest's own file name inside a step directory.
+inline constexpr std::string_view kManifestName = "MANIFEST.json";
+
+// OK if `name` may name an object inside a checkpoint: 1-200 bytes of
+// [A-Za-z0-9._-], not starting with '.', not "MANIFEST.json". Names are flat:
+// no '/'.
+Status ValidateObjectName(std::string_view name);
+
+// OK if a user metadata entry fits the limits above and both strings are
+// valid UTF-8 (JSON cannot hold anything else). InvalidArgument otherwise.
+Status ValidateMetadata(std::string_view key, std::string_view value);
+
+struct ObjectEntry {
+  std::string name;
+  uint64_t size = 0;
+  uint64_t chunk_size = kDefaultChunkBytes;
+  Hash128 hash;                 // XXH3-128 of the whole object
+  std::vector<Hash128> chunks;  // XXH3-128 of each chunk_size piece, in order
+
+  // The number of chunks an object of `size` bytes has.
+  static uint64_t ChunkCount(uint64_t size, uint64_t chunk_size) {
+    return (size + chunk_size - 1) / chunk_size;
+  }
+};
+
+struct Manifest {
+  int format_version = kManifestFormatVersion;
+  int64_t step = 0;
+  int64_t generation = 0;     // the writer's fencing generation
+  int64_t world_size = 1;
+  int64_t saving_rank = 0;
+  int64_t created_unix_ms = 0;
+  std::string writer;          // "host:pid", for humans
+  std::vector<ObjectEntry> objects;  // sorted by name, unique
+  std::map<std::string, std::string> metadata;  // user metadata
+
+  // nullptr if absent.
+  const ObjectEntry* Find(std::string_view name) const;
+  uint64_t TotalBytes() const;
+};
+
+// Serialises and seals. The manifest must be valid (the writer builds it).
+std::string SerializeManifest(const Manifest& manifest);
+
+// Parses and checks everything above. `where` names the file in errors.
+Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where);
+
+// LATEST: which step is newest, and the hash of its MANIFEST.json bytes.
+struct Latest {
+  int64_t step = 0;
+  int64_t generation = 0;
+  Hash128 manifest_hash;
+};
+
+std::string SerializeLatest(const Latest& latest);
+Result<Latest> ParseLatest(std::string_view bytes, std::string_view where);
+
+// .writer: the generation the current writer claimed, and who it is.
+struct WriterRecord {
+  int64_t generation = 0;
+  std::string host;
+  int64_t pid = 0;
+  int64_t started_unix_ms = 0;
+};
+
+std::string SerializeWriterRecord(const WriterRecord& record);
+Result<WriterRecord> ParseWriterRecord(std::string_view bytes,
+                                       std::string_view where);
+
+// "step-000000001200" for 1200.
+std::string StepDirName(int64_t step);
+// The step of a directory name of exactly that form; -1 otherwise.
+int64_t ParseStepDirName(std::string_view name);
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_MANIFEST_H_

@@ -1,0 +1,145 @@
+// Status and Result<T>: how every ckptio call reports failure.
+//
+// No ckptio function throws for an expected failure (I/O error, corrupt
+// data, lock held, bad input); it returns a Status, or a Result<T> holding
+// either a T or a non-OK Status. Codes follow absl::StatusCode so callers can
+// decide what to do without parsing messages:
+//
+//   kInvalidArgument    the caller passed something malformed (a bad name, a
+//                       negative step, an unknown URI scheme). Do not retry.
+//   kNotFound           the store, step or object does not exist.
+//   kAlreadyExists      the step is already committed; committed checkpoints
+//                       are immutable. Choose another step.
+//   kPermissionDenied   the OS refused access (EACCES, EPERM).
+//   kFailedPrecondition the store is not in a state that allows the call (a
+//                       symlink planted in the store, another writer holds
+//                       the lock, a format from a newer ckptio). Fix the
+//                       state, then retry.
+//   kAborted            a concurrency conflict: this writer was fenced by a
+//                       newer one. Retry the whole save from a fresh writer.
+//   kUnavailable        a transient failure (EIO, EINTR, EAGAIN, a server
+//                       that went away). Retrying the whole call may help;
+//                       a failed fsync is never retried in place.
+//   kDataLoss           bytes on storage do not match their checksum, or a
+//                       file is torn or malformed. The data is not usable.
+//   kResourceExhausted  ENOSPC, EDQUOT, EMFILE: free space or raise limits.
+//   kDeadlineExceeded   a wait ran past its deadline.
+//   kUnimplemented      the backend does not support the operation.
+//   kInternal           a bug or an errno with no better mapping.
+//
+// Messages say what happened, where (store, step, object, byte range or
+// path) and, when there is one, what to do about it.
+#ifndef CKPTIO_STATUS_H_
+#define CKPTIO_STATUS_H_
+
+#include <cassert>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace ckptio {
+
+enum class Code {
+  kOk = 0,
+  kInvalidArgument,
+  kNotFound,
+  kAlreadyExists,
+  kPermissionDenied,
+  kFailedPrecondition,
+  kAborted,
+  kUnavailable,
+  kDataLoss,
+  kResourceExhausted,
+  kDeadlineExceeded,
+  kUnimplemented,
+  kInternal,
+};
+
+// "OK", "INVALID_ARGUMENT", ... as absl spells them.
+std::string_view CodeName(Code code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;  // OK
+  Status(Code code, std::string message)
+      : code_(code), message_(std::move(message)) {}
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "DATA_LOSS: <message>", or "OK".
+  std::string ToString() const;
+
+  // Returns a copy whose message is "<context>: <message>".
+  Status WithContext(std::string_view context) const;
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+inline Status OkStatus() { return Status(); }
+std::ostream& operator<<(std::ostream& os, const Status& s);
+
+// The one place errno values become Status codes. `what` names the
+// operation and path, e.g. "fsync /ckpt/step-000000000001/MANIFEST.json".
+Status ErrnoToStatus(int err, std::string_view what);
+
+// Holds a T or a non-OK Status.
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) {  // NOLINT
+    assert(!status_.ok() && "Result built from an OK status without value");
+    if (status_.ok()) status_ = Status(Code::kInternal, "OK status without value");
+  }
+
+  bool ok() const { return status_.ok(); }
+  const Status& status() const { return status_; }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+ private:
+  Status status_;
+  std::optional<T> value_;
+};
+
+}  // namespace ckptio
+
+// Returns from the enclosing function if `expr` (a Status) is not OK.
+#define CKPTIO_RETURN_IF_ERROR(expr)              \
+  do {                                            \
+    ::ckptio::Status ckptio_status_ = (expr);     \
+    if (!ckptio_status_.ok()) return ckptio_status_; \
+  } while (0)
+
+#define CKPTIO_CONCAT_INNER_(a, b) a##b
+#define CKPTIO_CONCAT_(a, b) CKPTIO_CONCAT_INNER_(a, b)
+
+// `lhs = value of rexpr (a Result<T>)`, or return its Status.
+#define CKPTIO_ASSIGN_OR_RETURN(lhs, rexpr) \
+  CKPTIO_ASSIGN_OR_RETURN_IMPL_(CKPTIO_CONCAT_(ckptio_result_, __LINE__), lhs, rexpr)
+#define CKPTIO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
+  auto tmp = (rexpr);                                  \
+  if (!tmp.ok()) return tmp.status();                  \
+  lhs = std::move(tmp).value()
+
+#endif  // CKPTIO_STATUS_H_

@@ -1,0 +1,279 @@
+// Store: the checkpoint commit protocol, on any StorageBackend.
+//
+// Layout (docs/FORMAT.md has the details):
+//   <store>/LATEST                          newest committed step + manifest hash
+//   <store>/.lock                           writer lock (fcntl, via the backend)
+//   <store>/.writer                         the current writer's generation
+//   <store>/step-000000001200/<objects>     one checkpoint's objects
+//   <store>/step-000000001200/MANIFEST.json commit record, written last
+//
+// The protocol, in order (each numbered step is durable before the next):
+//   1. OpenWriter takes the exclusive lock on .lock, claims generation
+//      G = 1 + the highest generation on record and writes .writer, then
+//      deletes stale temp objects (no live writer can own them).
+//   2. Begin(step) refuses a step that is already committed (committed is
+//      immutable) and clears leftovers of a torn attempt at that step.
+//   3. Each object streams to the backend while XXH3-128 is computed over
+//      the whole object and over every chunk_size piece; Close() commits it
+//      (temp file, fsync, close, rename, directory fsync).
+//   4. Commit() checks that .writer still names G (else this writer was
+//      fenced: Aborted), then creates step-N/MANIFEST.json exclusively.
+//      The step is now committed: listed and loadable.
+//   5. If N is the highest committed step, LATEST is atomically replaced to
+//      name N and the hash of its manifest (fence checked again first).
+//   6. Retention (keep_last) deletes old steps: MANIFEST.json first, so a
+//      crash leaves a torn step, never a committed one with missing objects.
+// A crash anywhere leaves the previous committed checkpoint and LATEST
+// intact; what remains of the attempt is temp objects or a torn step (no
+// MANIFEST.json), which readers never see and fsck --repair removes.
+//
+// Readers never see unverified bytes: CheckpointReader checks every chunk it
+// touches against the manifest before copying a byte out.
+//
+// One writer per store. The lock is an fcntl lock, which POSIX ties to the
+// process: closing *any* descriptor of .lock in the process drops it. ckptio
+// therefore opens .lock in exactly one place and tracks held locks in the
+// process, so a second writer in the same process is refused too. Do not
+// open <store>/.lock yourself.
+#ifndef CKPTIO_STORE_H_
+#define CKPTIO_STORE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptio/backend.h"
+#include "ckptio/manifest.h"
+#include "ckptio/status.h"
+
+namespace ckptio {
+
+inline constexpr std::string_view kLatestKey = "LATEST";
+inline constexpr std::string_view kLockKey = ".lock";
+inline constexpr std::string_view kWriterKey = ".writer";
+
+// Called with the number of bytes processed since the last call.
+using ProgressFn = std::function<void(uint64_t bytes)>;
+
+// Reads one committed checkpoint, verifying every byte it returns.
+// Not thread-safe; use one reader per thread.
+class CheckpointReader {
+ public:
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  int64_t step() const { return manifest_.step; }
+  const Manifest& manifest() const { return manifest_; }
+  // Hash of the MANIFEST.json bytes, as LATEST records it.
+  const Hash128& manifest_hash() const { return manifest_hash_; }
+
+  // Copies bytes [offset, offset+size) of object `name` into buf after
+  // verifying every chunk that range touches. DataLoss (naming store, step,
+  // object, byte range, expected and computed hash) on a mismatch or a
+  // short object, and then buf holds zeros, never unverified bytes.
+  Status Read(std::string_view name, uint64_t offset, void* buf, size_t size);
+
+  // The whole object, verified chunk by chunk and as a whole.
+  Result<std::string> ReadAll(std::string_view name);
+
+  // Reads and checks every chunk and the whole-object hash of `name`.
+  Status VerifyObject(std::string_view name, const ProgressFn& progress = {});
+  // VerifyObject for every object; the first error.
+  Status Verify(const ProgressFn& progress = {});
+
+ private:
+  friend class Store;
+  CheckpointReader(std::shared_ptr<StorageBackend> backend, Manifest manifest,
+                   Hash128 manifest_hash);
+  Result<ObjectReader*> Open(const ObjectEntry& entry);
+  Status ChunkMismatch(const ObjectEntry& e, uint64_t chunk, const Hash128& got) const;
+
+  std::shared_ptr<StorageBackend> backend_;
+  Manifest manifest_;
+  Hash128 manifest_hash_;
+  std::map<std::string, std::unique_ptr<ObjectReader>, std::less<>> open_;
+  std::string scratch_;
+};
+
+class PendingCheckpoint;
+
+// Streams one object of a pending checkpoint. Must not outlive it.
+class ObjectStream {
+ public:
+  ~ObjectStream();  // abandons the object if Close() did not succeed
+  ObjectStream(const ObjectStream&) = delete;
+  ObjectStream& operator=(const ObjectStream&) = delete;
+
+  // Hashes and writes. After an error the stream is dead.
+  Status Write(const void* data, size_t size);
+  // Durably commits the object and records it for the manifest.
+  Status Close();
+
+ private:
+  friend class PendingCheckpoint;
+  struct State;
+  explicit ObjectStream(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+struct CommitInfo {
+  int64_t step = 0;
+  int64_t generation = 0;
+  Hash128 manifest_hash;
+  uint64_t bytes = 0;
+  bool latest_updated = false;      // false when a higher step exists
+  std::vector<int64_t> retired;     // steps deleted by keep_last
+  Status retention;                 // a retention failure (the save stands)
+};
+
+// A checkpoint being written. Not thread-safe.
+class PendingCheckpoint {
+ public:
+  // Abandons an uncommitted checkpoint, deleting what it wrote (best
+  // effort; leftovers are torn and removed later). Never throws.
+  ~PendingCheckpoint();
+  PendingCheckpoint(const PendingCheckpoint&) = delete;
+  PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;
+
+  int64_t step() const;
+
+  // Starts object `name` (see ValidateObjectName). InvalidArgument for a
+  // bad or repeated name.
+  Result<std::unique_ptr<ObjectStream>> AddObject(std::string_view name);
+  // AddObject + Write + Close.
+  Status PutObject(std::string_view name, const void* data, size_t size);
+  Status SetMetadata(std::string key, std::string value);
+
+  // Commits (protocol steps 4-6). FailedPrecondition if an object stream is
+  // still open or failed. After an error the checkpoint is abandoned.
+  Result<CommitInfo> Commit();
+
+ private:
+  friend class StoreWriter;
+  friend class ObjectStream;
+  struct State;
+  explicit PendingCheckpoint(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+struct WriterOptions {
+  // How long OpenWriter waits for another writer to release the lock.
+  std::chrono::milliseconds lock_wait{0};
+  // Keep this many newest committed steps after each commit; 0 keeps all.
+  int keep_last = 0;
+  uint64_t chunk_size = kDefaultChunkBytes;
+  // Recorded in each manifest.
+  int64_t world_size = 1;
+  int64_t saving_rank = 0;
+};
+
+enum class StepState {
+  kCommitted,  // MANIFEST.json present and valid (data not checked)
+  kTorn,       // no MANIFEST.json: an unfinished or abandoned save
+  kCorrupt,    // MANIFEST.json present but unreadable, or data bad
+};
+std::string_view StepStateName(StepState s);
+
+struct StepEntry {
+  int64_t step = 0;
+  StepState state = StepState::kTorn;
+  uint64_t bytes = 0;           // per manifest; for torn steps, what is there
+  int64_t created_unix_ms = 0;  // 0 when unknown
+  std::string problem;          // why kCorrupt
+};
+
+struct FsckProblem {
+  enum class Kind { kStaleTemp, kTornStep, kCorruptStep, kBadLatest };
+  Kind kind;
+  int64_t step = -1;  // -1 when not about a step
+  std::string detail;
+};
+std::string_view FsckKindName(FsckProblem::Kind k);
+
+struct FsckReport {
+  std::vector<int64_t> good_steps;  // committed and verified, ascending
+  std::optional<int64_t> latest;    // what LATEST names, when readable
+  bool writer_active = false;       // another writer held the lock
+  std::vector<FsckProblem> problems;
+  std::vector<std::string> repairs;  // what Repair() did, in order
+  bool clean() const { return problems.empty(); }
+};
+
+// The one writer of a store (holds the lock until destroyed).
+class StoreWriter {
+ public:
+  ~StoreWriter();
+  StoreWriter(const StoreWriter&) = delete;
+  StoreWriter& operator=(const StoreWriter&) = delete;
+
+  int64_t generation() const;
+  // Temp objects of dead writers deleted when the lock was taken.
+  size_t stale_temps_removed() const;
+
+  // Starts checkpoint `step` (0..kMaxStep). AlreadyExists if committed;
+  // FailedPrecondition if another checkpoint of this writer is pending.
+  Result<std::unique_ptr<PendingCheckpoint>> Begin(int64_t step);
+
+  // Deletes all but the newest `keep_last` (>= 1) committed steps, never the
+  // one LATEST names. Returns the deleted steps, ascending.
+  Result<std::vector<int64_t>> CollectGarbage(int keep_last);
+
+  // Store::Check, then fixes what it found: points LATEST at the newest
+  // verified step (or removes it when none), deletes corrupt steps
+  // (manifest first), torn steps and temp objects. Never deletes a step
+  // that verifies. Returns the check after repair, with `repairs` filled.
+  Result<FsckReport> Repair(const ProgressFn& progress = {});
+
+ private:
+  friend class Store;
+  struct State;
+  explicit StoreWriter(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+class Store {
+ public:
+  // Opens the store at `uri` with the backend registered for its scheme.
+  // Nothing is created until a writer commits.
+  static Result<std::unique_ptr<Store>> Open(std::string_view uri,
+                                             const BackendRegistry& registry);
+  explicit Store(std::shared_ptr<StorageBackend> backend);
+
+  std::string uri() const { return backend_->Uri(); }
+  StorageBackend& backend() { return *backend_; }
+
+  // Every step directory, ascending. NotFound if the store does not exist.
+  Result<std::vector<StepEntry>> ListSteps();
+
+  // nullopt when there is no LATEST yet; DataLoss when it is corrupt.
+  Result<std::optional<Latest>> ReadLatest();
+
+  // Opens committed step `step`: reads and checks its manifest.
+  Result<std::unique_ptr<CheckpointReader>> OpenStep(int64_t step);
+  // Opens the step LATEST names and checks that its manifest is the one
+  // LATEST recorded. NotFound when the store has no LATEST.
+  Result<std::unique_ptr<CheckpointReader>> OpenLatest();
+
+  // Takes the writer lock (waiting up to options.lock_wait): a second writer
+  // gets FailedPrecondition naming the holder's last known host and pid.
+  Result<std::unique_ptr<StoreWriter>> OpenWriter(const WriterOptions& options);
+
+  // Reads everything and reports problems without changing anything.
+  // Verifies all data of every committed step when verify_data is set.
+  Result<FsckReport> Check(const ProgressFn& progress = {},
+                           bool verify_data = true);
+
+ private:
+  std::shared_ptr<StorageBackend> backend_;
+};
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_STORE_H_

@@ -1,0 +1,26 @@
+#include <cstdlib>
+#include <iostream>
+
+#include "ckptio/backends.h"
+#include "ckptio/posix_backend.h"
+
+namespace ckptio {
+
+const BackendRegistry& BuiltinBackends() {
+  static const BackendRegistry* registry = [] {
+    auto* r = new BackendRegistry();
+    Status s = RegisterPosixBackend(*r);
+    if (!s.ok()) {  // a programming error: two plugins claim one scheme
+      std::cerr << "ckptio: " << s << "\n";
+      std::abort();
+    }
+    return r;
+  }();
+  return *registry;
+}
+
+Result<std::unique_ptr<Store>> OpenStore(std::string_view uri) {
+  return Store::Open(uri, BuiltinBackends());
+}
+
+}  // namespace ckptio

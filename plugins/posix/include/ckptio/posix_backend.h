@@ -1,0 +1,64 @@
+// The POSIX backend: file:///abs/path or a plain path (local disk or a
+// kernel-mounted NFS path).
+//
+// Commit recipe for every object (ObjectWriter::Commit), in order:
+//   1. openat(dir, ".ckptio-tmp.<name>.<host>.<pid>.<n>",
+//             O_WRONLY|O_CREAT|O_EXCL|O_CLOEXEC|O_NOFOLLOW) in the target's
+//      own directory (so the rename cannot cross filesystems);
+//   2. write(), looping on short writes and EINTR;
+//   3. fsync(file)  -- an error fails the commit; it is never retried, since
+//      after a failed fsync the page cache may claim data that is gone;
+//   4. close(file), checked (NFS reports write-back errors here);
+//   5. renameat(tmp -> name) for WriteMode::kReplace, or linkat(tmp -> name)
+//      + unlinkat(tmp) for kCreateExclusive (fails if the name exists);
+//   6. fsync(dir), so the new name survives power loss. If this fails after
+//      an exclusive create, the new name is unlinked again: an object must
+//      not stay visible without being durable.
+// Directories are created with mkdirat + fsync of their parent. Every path
+// inside the store is walked component by component with O_NOFOLLOW, so a
+// symlink planted in the store is an error (FailedPrecondition), never
+// followed. Locks are fcntl locks through Boost.Interprocess file_lock
+// (never flock, which NFS does not propagate).
+#ifndef CKPTIO_POSIX_BACKEND_H_
+#define CKPTIO_POSIX_BACKEND_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ckptio/backend.h"
+
+namespace ckptio {
+
+// The named points of the commit recipe above, for tests and fault
+// injection: the hook runs after the step it names.
+enum class PosixSyncPoint {
+  kTempOpened,   // 1
+  kDataWritten,  // 2
+  kFileSynced,   // 3
+  kFileClosed,   // 4
+  kRenamed,      // 5 (rename or link)
+  kDirSynced,    // 6
+};
+std::string_view PosixSyncPointName(PosixSyncPoint p);
+
+struct PosixBackendOptions {
+  // Called at each sync point with the path of the temp file (points 1-4)
+  // or of the target (5-6). A non-OK return fails the commit right there,
+  // as a real error at that point would.
+  std::function<Status(PosixSyncPoint, const std::string& path)> hook;
+};
+
+// A backend rooted at `root` (absolute, or relative to the current
+// directory). The root is created on the first write or lock.
+Result<std::unique_ptr<StorageBackend>> NewPosixBackend(
+    std::string root, PosixBackendOptions options = {});
+
+// Registers "file" (file:///abs/path, file://localhost/abs/path and plain
+// paths) in `registry`.
+Status RegisterPosixBackend(BackendRegistry& registry);
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_POSIX_BACKEND_H_

@@ -1,0 +1,620 @@
+// The POSIX backend. The commit recipe is described in posix_backend.h.
+#include "ckptio/posix_backend.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/interprocess/exceptions.hpp>
+#include <boost/interprocess/sync/file_lock.hpp>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ckptio {
+
+std::string_view PosixSyncPointName(PosixSyncPoint p) {
+  switch (p) {
+    case PosixSyncPoint::kTempOpened: return "temp-opened";
+    case PosixSyncPoint::kDataWritten: return "data-written";
+    case PosixSyncPoint::kFileSynced: return "file-synced";
+    case PosixSyncPoint::kFileClosed: return "file-closed";
+    case PosixSyncPoint::kRenamed: return "renamed";
+    case PosixSyncPoint::kDirSynced: return "dir-synced";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr size_t kWriteBuffer = 1 << 20;
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.Release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      fd_ = o.Release();
+    }
+    return *this;
+  }
+  ~UniqueFd() { Reset(); }
+  int get() const { return fd_; }
+  int Release() { return std::exchange(fd_, -1); }
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+Status SyncFd(int fd, const std::string& path) {
+  if (::fsync(fd) != 0) return ErrnoToStatus(errno, "fsync " + path);
+  return OkStatus();
+}
+
+// Splits "a/b/c" into {"a","b"} and "c".
+void SplitKey(std::string_view key, std::vector<std::string>* dirs,
+              std::string* base) {
+  size_t start = 0;
+  while (true) {
+    size_t slash = key.find('/', start);
+    if (slash == std::string_view::npos) {
+      *base = std::string(key.substr(start));
+      return;
+    }
+    dirs->emplace_back(key.substr(start, slash - start));
+    start = slash + 1;
+  }
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
+  std::string h(buf);
+  for (char& c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
+  return h.substr(0, 32);
+}
+
+// Locks held by this process, by path: fcntl locks are per process, so
+// without this a second writer in the same process would "succeed".
+std::mutex& HeldLocksMutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<std::string>& HeldLocks() {
+  static std::set<std::string> s;
+  return s;
+}
+
+class PosixLock : public BackendLock {
+ public:
+  PosixLock(std::string path, boost::interprocess::file_lock lock)
+      : path_(std::move(path)), lock_(std::move(lock)) {}
+  ~PosixLock() override {
+    try {
+      lock_.unlock();
+    } catch (...) {
+    }
+    std::lock_guard<std::mutex> g(HeldLocksMutex());
+    HeldLocks().erase(path_);
+  }
+
+ private:
+  std::string path_;
+  boost::interprocess::file_lock lock_;
+};
+
+class PosixBackend;
+
+class PosixWriter : public ObjectWriter {
+ public:
+  PosixWriter(const PosixBackend* backend, UniqueFd dir, UniqueFd file,
+              std::string dir_path, std::string name, std::string tmp,
+              WriteMode mode)
+      : backend_(backend),
+        dir_(std::move(dir)),
+        file_(std::move(file)),
+        dir_path_(std::move(dir_path)),
+        name_(std::move(name)),
+        tmp_(std::move(tmp)),
+        mode_(mode) {}
+
+  ~PosixWriter() override {
+    if (!committed_) Discard();
+  }
+
+  Status Append(const void* data, size_t size) override {
+    if (dead_) return Dead();
+    const char* p = static_cast<const char*>(data);
+    if (buffer_.size() + size <= kWriteBuffer) {
+      buffer_.append(p, size);
+      return OkStatus();
+    }
+    Status s = Flush();
+    if (s.ok()) {
+      if (size >= kWriteBuffer) {
+        s = WriteAll(p, size);
+      } else {
+        buffer_.append(p, size);
+      }
+    }
+    if (!s.ok()) Fail();
+    return s;
+  }
+
+  Status Commit() override;
+
+ private:
+  Status Dead() const {
+    return Status(Code::kFailedPrecondition,
+                  "object " + Path(name_) + " failed earlier or is committed");
+  }
+  std::string Path(const std::string& base) const { return dir_path_ + "/" + base; }
+
+  Status Flush() {
+    Status s = WriteAll(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return s;
+  }
+
+  Status WriteAll(const char* p, size_t size) {
+    while (size > 0) {
+      ssize_t n = ::write(file_.get(), p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, "write " + Path(tmp_));
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+    return OkStatus();
+  }
+
+  Status Hook(PosixSyncPoint point, const std::string& path) const;
+
+  void Fail() {
+    dead_ = true;
+    Discard();
+  }
+
+  // Removes the temp file (never the target). Never throws.
+  void Discard() {
+    file_.Reset();
+    if (!tmp_.empty()) ::unlinkat(dir_.get(), tmp_.c_str(), 0);
+    tmp_.clear();
+  }
+
+  const PosixBackend* backend_;
+  UniqueFd dir_;
+  UniqueFd file_;
+  std::string dir_path_;
+  std::string name_;
+  std::string tmp_;
+  WriteMode mode_;
+  std::string buffer_;
+  bool dead_ = false;
+  bool committed_ = false;
+};
+
+class PosixReader : public ObjectReader {
+ public:
+  PosixReader(UniqueFd fd, uint64_t size, std::string path)
+      : fd_(std::move(fd)), size_(size), path_(std::move(path)) {}
+  uint64_t Size() const override { return size_; }
+  Status ReadAt(uint64_t offset, void* buf, size_t size) override {
+    if (offset > size_ || size > size_ - offset)
+      return Status(Code::kDataLoss, path_ + ": read of " + std::to_string(size) +
+                                         " bytes at offset " + std::to_string(offset) +
+                                         " is past the end of the object (" +
+                                         std::to_string(size_) + " bytes)");
+    char* p = static_cast<char*>(buf);
+    uint64_t pos = offset;
+    while (size > 0) {
+      ssize_t n = ::pread(fd_.get(), p, size, static_cast<off_t>(pos));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, "read " + path_);
+      }
+      if (n == 0)
+        return Status(Code::kDataLoss,
+                      path_ + ": object ends at byte " + std::to_string(pos) +
+                          ", read of " + std::to_string(size) +
+                          " more bytes requested (truncated object?)");
+      p += n;
+      pos += static_cast<uint64_t>(n);
+      size -= static_cast<size_t>(n);
+    }
+    return OkStatus();
+  }
+
+ private:
+  UniqueFd fd_;
+  uint64_t size_;
+  std::string path_;
+};
+
+class PosixBackend : public StorageBackend {
+ public:
+  PosixBackend(std::string root, PosixBackendOptions options)
+      : root_(std::move(root)), options_(std::move(options)), host_(HostName()) {}
+
+  ~PosixBackend() override = default;
+
+  std::string Uri() const override { return "file://" + root_; }
+  const PosixBackendOptions& options() const { return options_; }
+
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key,
+                                                  WriteMode mode) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+    std::vector<std::string> dirs;
+    std::string base;
+    SplitKey(key, &dirs, &base);
+    if (base.compare(0, kTempMarker.size(), kTempMarker) == 0)
+      return Status(Code::kInvalidArgument,
+                    "object key \"" + std::string(key) +
+                        "\" uses the reserved temp prefix");
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, /*create=*/true));
+    std::string dir_path = DirPath(dirs);
+    std::string tmp = std::string(kTempMarker) + base.substr(0, 100) + "." +
+                      host_ + "." + std::to_string(::getpid()) + "." +
+                      std::to_string(counter_.fetch_add(1)) + "." + Nonce();
+    int fd = ::openat(dir.get(), tmp.c_str(),
+                      O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return ErrnoToStatus(errno, "create " + dir_path + "/" + tmp);
+    auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd),
+                                                dir_path, base, tmp, mode);
+    if (options_.hook) {
+      Status s = options_.hook(PosixSyncPoint::kTempOpened, dir_path + "/" + tmp);
+      if (!s.ok()) return s;  // the writer's destructor removes the temp
+    }
+    return std::unique_ptr<ObjectWriter>(std::move(writer));
+  }
+
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+    std::vector<std::string> dirs;
+    std::string base;
+    SplitKey(key, &dirs, &base);
+    std::string path = DirPath(dirs) + "/" + base;
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, false));
+    int fd = ::openat(dir.get(), base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return ErrnoToStatus(errno, "open " + path);
+    UniqueFd file(fd);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat " + path);
+    if (S_ISDIR(st.st_mode))
+      return Status(Code::kNotFound, path + " is a directory, not an object");
+    if (!S_ISREG(st.st_mode))
+      return Status(Code::kFailedPrecondition, path + " is not a regular file");
+    return std::unique_ptr<ObjectReader>(std::make_unique<PosixReader>(
+        std::move(file), static_cast<uint64_t>(st.st_size), path));
+  }
+
+  Result<ObjectInfo> Stat(std::string_view key) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+    std::vector<std::string> dirs;
+    std::string base;
+    SplitKey(key, &dirs, &base);
+    std::string path = DirPath(dirs) + "/" + base;
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, false));
+    struct stat st;
+    if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      return ErrnoToStatus(errno, "stat " + path);
+    if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "stat " + path);
+    if (!S_ISREG(st.st_mode))
+      return Status(Code::kNotFound, path + " is not an object (not a regular file)");
+    return ObjectInfo{static_cast<uint64_t>(st.st_size)};
+  }
+
+  Result<std::vector<std::string>> List(std::string_view prefix) override {
+    CKPTIO_RETURN_IF_ERROR(ValidatePrefix(prefix));
+    // Walk the deepest directory named by the prefix, then filter.
+    size_t slash = prefix.rfind('/');
+    std::string dir_key(slash == std::string_view::npos ? "" : prefix.substr(0, slash));
+    if (!dir_key.empty()) CKPTIO_RETURN_IF_ERROR(ValidateKey(dir_key));
+    std::vector<std::string> dirs;
+    if (!dir_key.empty()) {
+      std::string base;
+      SplitKey(dir_key, &dirs, &base);
+      dirs.push_back(base);
+    }
+    std::vector<std::string> out;
+    auto dir = OpenDir(dirs, false);
+    if (!dir.ok()) {
+      if (dir.status().code() == Code::kNotFound) {
+        if (dirs.empty()) return Status(Code::kNotFound, "no store at " + root_);
+        return out;
+      }
+      return dir.status();
+    }
+    CKPTIO_RETURN_IF_ERROR(Walk(dir->get(), dir_key.empty() ? "" : dir_key + "/", &out));
+    out.erase(std::remove_if(out.begin(), out.end(),
+                             [&](const std::string& k) {
+                               return k.compare(0, prefix.size(), prefix) != 0;
+                             }),
+              out.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  Status Delete(std::string_view key) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+    std::vector<std::string> dirs;
+    std::string base;
+    SplitKey(key, &dirs, &base);
+    // Keep every level open, to remove directories that become empty.
+    CKPTIO_ASSIGN_OR_RETURN(std::vector<UniqueFd> chain, OpenDirChain(dirs, false));
+    std::string path = DirPath(dirs) + "/" + base;
+    if (::unlinkat(chain.back().get(), base.c_str(), 0) != 0) {
+      if (errno == EISDIR) return Status(Code::kNotFound, path + " is a directory, not an object");
+      return ErrnoToStatus(errno, "delete " + path);
+    }
+    CKPTIO_RETURN_IF_ERROR(SyncFd(chain.back().get(), DirPath(dirs)));
+    for (size_t i = dirs.size(); i-- > 0;) {
+      chain.pop_back();
+      if (::unlinkat(chain.back().get(), dirs[i].c_str(), AT_REMOVEDIR) != 0) break;
+      CKPTIO_RETURN_IF_ERROR(SyncFd(chain.back().get(), DirPath({dirs.begin(), dirs.begin() + i})));
+    }
+    return OkStatus();
+  }
+
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+    std::vector<std::string> dirs;
+    std::string base;
+    SplitKey(key, &dirs, &base);
+    std::string path = DirPath(dirs) + "/" + base;
+    std::lock_guard<std::mutex> g(HeldLocksMutex());
+    // Checked before the file is opened: opening and closing it here would
+    // drop the lock this process already holds.
+    if (HeldLocks().count(path))
+      return Status(Code::kFailedPrecondition,
+                    path + " is already locked by this process");
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, true));
+    int fd = ::openat(dir.get(), base.c_str(),
+                      O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return ErrnoToStatus(errno, "open lock file " + path);
+    ::close(fd);  // safe: this process holds no lock on it (checked above)
+    try {
+      boost::interprocess::file_lock lock(path.c_str());
+      if (!lock.try_lock())
+        return Status(Code::kFailedPrecondition,
+                      path + " is locked by another process");
+      HeldLocks().insert(path);
+      return std::unique_ptr<BackendLock>(std::make_unique<PosixLock>(path, std::move(lock)));
+    } catch (const boost::interprocess::interprocess_exception& e) {
+      return Status(Code::kUnavailable, "lock " + path + ": " + e.what());
+    }
+  }
+
+ private:
+  std::string DirPath(const std::vector<std::string>& dirs) const {
+    std::string p = root_;
+    for (const auto& d : dirs) p += "/" + d;
+    return p;
+  }
+
+  static std::string Nonce() {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+    return buf;
+  }
+
+  // Opens (creating it, and each missing parent, when `create`) the root.
+  Result<UniqueFd> RootFd(bool create) const {
+    int fd = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) return UniqueFd(fd);
+    if (errno != ENOENT || !create) {
+      if (errno == ENOENT) return Status(Code::kNotFound, "no store at " + root_);
+      return ErrnoToStatus(errno, "open store directory " + root_);
+    }
+    // mkdir -p, fsyncing each parent that gained an entry.
+    size_t pos = 1;
+    while (pos != std::string::npos) {
+      pos = root_.find('/', pos + 1);
+      std::string part = root_.substr(0, pos);
+      if (::mkdir(part.c_str(), 0755) == 0) {
+        std::string parent = part.substr(0, part.rfind('/'));
+        UniqueFd pfd(::open(parent.empty() ? "/" : parent.c_str(),
+                            O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (pfd.get() < 0) return ErrnoToStatus(errno, "open " + parent);
+        CKPTIO_RETURN_IF_ERROR(SyncFd(pfd.get(), parent));
+      } else if (errno != EEXIST) {
+        return ErrnoToStatus(errno, "create store directory " + part);
+      }
+    }
+    fd = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ErrnoToStatus(errno, "open store directory " + root_);
+    return UniqueFd(fd);
+  }
+
+  // Walks `dirs` below the root without following symlinks.
+  Result<UniqueFd> OpenDir(const std::vector<std::string>& dirs, bool create) const {
+    CKPTIO_ASSIGN_OR_RETURN(std::vector<UniqueFd> chain, OpenDirChain(dirs, create));
+    return std::move(chain.back());
+  }
+
+  // The root and every directory of `dirs` below it, opened in order.
+  Result<std::vector<UniqueFd>> OpenDirChain(const std::vector<std::string>& dirs,
+                                             bool create) const {
+    std::vector<UniqueFd> chain;
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd root, RootFd(create));
+    chain.push_back(std::move(root));
+    for (size_t i = 0; i < dirs.size(); ++i) {
+      const UniqueFd& cur = chain.back();
+      const char* name = dirs[i].c_str();
+      int fd = ::openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT && create) {
+        if (::mkdirat(cur.get(), name, 0755) != 0 && errno != EEXIST)
+          return ErrnoToStatus(errno, "create directory " + DirPath({dirs.begin(), dirs.begin() + i + 1}));
+        CKPTIO_RETURN_IF_ERROR(SyncFd(cur.get(), DirPath({dirs.begin(), dirs.begin() + i})));
+        fd = ::openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      }
+      if (fd < 0) {
+        int err = errno;
+        std::string path = DirPath({dirs.begin(), dirs.begin() + i + 1});
+        struct stat st;
+        if ((err == ENOTDIR || err == ELOOP) &&
+            ::fstatat(cur.get(), name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+          if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "open directory " + path);
+          // An object where a directory would be: no such prefix.
+          return Status(Code::kNotFound, path + " is an object, not a directory");
+        }
+        return ErrnoToStatus(err, "open directory " + path);
+      }
+      chain.emplace_back(fd);
+    }
+    return chain;
+  }
+
+  Status Walk(int dirfd, const std::string& prefix, std::vector<std::string>* out) const {
+    int dup = ::dup(dirfd);
+    if (dup < 0) return ErrnoToStatus(errno, "dup");
+    DIR* d = ::fdopendir(dup);
+    if (!d) {
+      ::close(dup);
+      return ErrnoToStatus(errno, "list " + root_ + "/" + prefix);
+    }
+    ::rewinddir(d);
+    std::vector<std::string> subdirs;
+    errno = 0;
+    while (struct dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == ".." || !ValidateKey(name).ok()) continue;
+      struct stat st;
+      if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (S_ISDIR(st.st_mode)) subdirs.push_back(name);
+      else if (S_ISREG(st.st_mode)) out->push_back(prefix + name);
+    }
+    int err = errno;
+    ::closedir(d);
+    if (err != 0) return ErrnoToStatus(err, "list " + root_ + "/" + prefix);
+    for (const auto& sub : subdirs) {
+      UniqueFd fd(::openat(dirfd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (fd.get() < 0) continue;  // vanished or replaced by a link meanwhile
+      CKPTIO_RETURN_IF_ERROR(Walk(fd.get(), prefix + sub + "/", out));
+    }
+    return OkStatus();
+  }
+
+  std::string root_;
+  PosixBackendOptions options_;
+  std::string host_;
+  mutable std::atomic<uint64_t> counter_{0};
+};
+
+Status PosixWriter::Hook(PosixSyncPoint point, const std::string& path) const {
+  const auto& hook = backend_->options().hook;
+  return hook ? hook(point, path) : OkStatus();
+}
+
+Status PosixWriter::Commit() {
+  if (dead_ || committed_) return Dead();
+  dead_ = true;  // whatever happens below, this writer is finished
+  const std::string tmp_path = Path(tmp_);
+  const std::string target = Path(name_);
+  auto fail = [&](Status s) {
+    Discard();
+    return s;
+  };
+  Status s = Flush();
+  if (s.ok()) s = Hook(PosixSyncPoint::kDataWritten, tmp_path);
+  if (s.ok()) s = SyncFd(file_.get(), tmp_path);
+  if (s.ok()) s = Hook(PosixSyncPoint::kFileSynced, tmp_path);
+  if (!s.ok()) return fail(s);
+  if (::close(file_.Release()) != 0) return fail(ErrnoToStatus(errno, "close " + tmp_path));
+  s = Hook(PosixSyncPoint::kFileClosed, tmp_path);
+  if (!s.ok()) return fail(s);
+  if (mode_ == WriteMode::kReplace) {
+    if (::renameat(dir_.get(), tmp_.c_str(), dir_.get(), name_.c_str()) != 0)
+      return fail(ErrnoToStatus(errno, "rename " + tmp_path + " to " + target));
+    tmp_.clear();
+  } else {
+    if (::linkat(dir_.get(), tmp_.c_str(), dir_.get(), name_.c_str(), 0) != 0) {
+      int err = errno;
+      if (err == EEXIST)
+        return fail(Status(Code::kAlreadyExists,
+                           target + " already exists and is never overwritten"));
+      return fail(ErrnoToStatus(err, "link " + tmp_path + " to " + target));
+    }
+    ::unlinkat(dir_.get(), tmp_.c_str(), 0);  // a leftover is removed as stale
+    tmp_.clear();
+  }
+  s = Hook(PosixSyncPoint::kRenamed, target);
+  if (s.ok()) s = SyncFd(dir_.get(), dir_path_);
+  if (s.ok()) s = Hook(PosixSyncPoint::kDirSynced, target);
+  if (!s.ok()) {
+    // Visible but not known durable. A new exclusive name is taken back; a
+    // replaced one cannot be, and the caller learns that from the error.
+    if (mode_ == WriteMode::kCreateExclusive) {
+      ::unlinkat(dir_.get(), name_.c_str(), 0);
+      ::fsync(dir_.get());
+    }
+    return s;
+  }
+  committed_ = true;
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
+                                                        PosixBackendOptions options) {
+  if (root.empty())
+    return Status(Code::kInvalidArgument, "empty store path");
+  if (root.find('\0') != std::string::npos)
+    return Status(Code::kInvalidArgument, "store path contains NUL");
+  if (root.front() != '/') {
+    char cwd[4096];
+    if (!::getcwd(cwd, sizeof cwd)) return ErrnoToStatus(errno, "getcwd");
+    root = std::string(cwd) + "/" + root;
+  }
+  // Normalise: drop empty and "." components; refuse "..".
+  std::string norm;
+  size_t start = 1;
+  while (start <= root.size()) {
+    size_t slash = root.find('/', start);
+    if (slash == std::string::npos) slash = root.size();
+    std::string part = root.substr(start, slash - start);
+    if (part == "..")
+      return Status(Code::kInvalidArgument,
+                    "store path \"" + root + "\" contains '..'; give a direct path");
+    if (!part.empty() && part != ".") norm += "/" + part;
+    start = slash + 1;
+  }
+  if (norm.empty())
+    return Status(Code::kInvalidArgument, "the file system root cannot be a store");
+  return std::unique_ptr<StorageBackend>(
+      std::make_unique<PosixBackend>(std::move(norm), std::move(options)));
+}
+
+Status RegisterPosixBackend(BackendRegistry& registry) {
+  return registry.Register("file", [](const Uri& uri) -> Result<std::unique_ptr<StorageBackend>> {
+    if (!uri.authority.empty() && uri.authority != "localhost")
+      return Status(Code::kInvalidArgument,
+                    "file:// URI with host \"" + uri.authority +
+                        "\": use file:///absolute/path (three slashes) or a plain path");
+    if (!uri.params.empty())
+      return Status(Code::kInvalidArgument,
+                    "file:// URIs take no parameters (got \"" +
+                        uri.params.begin()->first + "\")");
+    return NewPosixBackend(uri.path);
+  });
+}
+
+}  // namespace ckptio

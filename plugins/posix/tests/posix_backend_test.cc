@@ -1,0 +1,179 @@
+// The POSIX backend: the shared conformance suite, plus what only a real
+// file system can show (planted symlinks, file:// URIs, the sync points).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include "ckptio/posix_backend.h"
+#include "conformance.h"
+#include "test_util.h"
+
+namespace {
+
+using ckptio::Code;
+using ckptio::testing::TempDir;
+
+ckptio::testing::BackendHarness PosixHarness() {
+  ckptio::testing::BackendHarness h;
+  h.name = "posix";
+  // One parent directory for the binary; a new subdirectory per location.
+  static TempDir* parent = new TempDir();
+  static int next_store = 0;  // gtest may copy the harness: keep counting here
+  h.make = [root = std::make_shared<std::string>(), n = &next_store](bool same_location)
+      -> std::unique_ptr<ckptio::StorageBackend> {
+    if (!same_location || root->empty()) {
+      // An empty store; a missing root is NotFound (see MissingStore... below).
+      *root = parent->Sub("store-" + std::to_string((*n)++));
+      ::mkdir(root->c_str(), 0755);
+    }
+    auto b = ckptio::NewPosixBackend(*root);
+    return b.ok() ? std::move(*b) : nullptr;
+  };
+  return h;
+}
+
+}  // namespace
+
+CKPTIO_INSTANTIATE_BACKEND_CONFORMANCE(Posix, PosixHarness());
+
+namespace ckptio {
+namespace {
+
+using testing::ReadFile;
+using testing::TempDir;
+
+std::unique_ptr<StorageBackend> Open(const std::string& root, PosixBackendOptions o = {}) {
+  auto b = NewPosixBackend(root, std::move(o));
+  EXPECT_TRUE(b.ok()) << b.status();
+  return std::move(*b);
+}
+
+Status Put(StorageBackend& b, const std::string& key, const std::string& bytes) {
+  CKPTIO_ASSIGN_OR_RETURN(auto w, b.NewObject(key, WriteMode::kReplace));
+  CKPTIO_RETURN_IF_ERROR(w->Append(bytes.data(), bytes.size()));
+  return w->Commit();
+}
+
+TEST(PosixBackend, PlantedDirectorySymlinkIsNeverFollowed) {
+  TempDir dir;
+  TempDir outside;
+  auto b = Open(dir.Sub("store"));
+  ASSERT_TRUE(Put(*b, "LATEST", "x").ok());
+  ASSERT_EQ(::symlink(outside.path().c_str(), dir.Sub("store/step-000000000001").c_str()), 0);
+  Status s = Put(*b, "step-000000000001/a.bin", "data");
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("symbolic link"), std::string::npos) << s;
+  EXPECT_EQ(b->OpenObject("step-000000000001/a.bin").status().code(), Code::kFailedPrecondition);
+  // Nothing was written through the link.
+  EXPECT_EQ(::access((outside.path() + "/a.bin").c_str(), F_OK), -1);
+  // Listing skips the link instead of walking into it.
+  auto keys = b->List("");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_EQ(*keys, std::vector<std::string>{"LATEST"});
+}
+
+TEST(PosixBackend, PlantedFileSymlinkIsNeverFollowed) {
+  TempDir dir;
+  TempDir outside;
+  auto b = Open(dir.Sub("store"));
+  ASSERT_TRUE(Put(*b, "LATEST", "x").ok());
+  testing::WriteFile(outside.Sub("secret"), "secret");
+  ASSERT_EQ(::symlink(outside.Sub("secret").c_str(), dir.Sub("store/obj").c_str()), 0);
+  EXPECT_EQ(b->OpenObject("obj").status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(b->Stat("obj").status().code(), Code::kFailedPrecondition);
+  // Replacing the name replaces the link itself, never the file it points to.
+  ASSERT_TRUE(Put(*b, "obj", "new").ok());
+  EXPECT_EQ(ReadFile(outside.Sub("secret")), "secret");
+  EXPECT_EQ(ReadFile(dir.Sub("store/obj")), "new");
+  // A lock file planted as a link is refused, not opened.
+  ASSERT_EQ(::symlink(outside.Sub("secret").c_str(), dir.Sub("store/.lock").c_str()), 0);
+  EXPECT_EQ(b->TryLock(".lock").status().code(), Code::kFailedPrecondition);
+}
+
+TEST(PosixBackend, SyncPointsRunInRecipeOrderAndNothingIsVisibleBeforeRename) {
+  TempDir dir;
+  std::string target = dir.Sub("store/obj.bin");
+  std::vector<std::string> seen;
+  PosixBackendOptions o;
+  o.hook = [&](PosixSyncPoint p, const std::string& path) {
+    bool visible = ::access(target.c_str(), F_OK) == 0;
+    seen.push_back(std::string(PosixSyncPointName(p)) + (visible ? " visible" : " hidden"));
+    if (p <= PosixSyncPoint::kFileClosed) {
+      EXPECT_NE(path.find(".ckptio-tmp.obj.bin"), std::string::npos);
+    }
+    return OkStatus();
+  };
+  auto b = Open(dir.Sub("store"), o);
+  for (auto mode : {WriteMode::kReplace, WriteMode::kCreateExclusive}) {
+    seen.clear();
+    ::unlink(target.c_str());
+    auto w = b->NewObject("obj.bin", mode);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append("abc", 3).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+    EXPECT_EQ(seen, (std::vector<std::string>{"temp-opened hidden", "data-written hidden",
+                                              "file-synced hidden", "file-closed hidden",
+                                              "renamed visible", "dir-synced visible"}));
+  }
+}
+
+TEST(PosixBackend, FailureAtEverySyncPointLeavesNoObjectAndNoTemp) {
+  for (int fail_at = 0; fail_at <= static_cast<int>(PosixSyncPoint::kDirSynced); ++fail_at) {
+    for (auto mode : {WriteMode::kReplace, WriteMode::kCreateExclusive}) {
+      TempDir dir;
+      PosixBackendOptions o;
+      o.hook = [&](PosixSyncPoint p, const std::string&) {
+        return static_cast<int>(p) == fail_at ? Status(Code::kUnavailable, "injected")
+                                              : OkStatus();
+      };
+      auto b = Open(dir.Sub("store"), o);
+      auto w = b->NewObject("obj.bin", mode);
+      Status s = w.ok() ? (*w)->Append("abc", 3) : w.status();
+      if (s.ok()) s = (*w)->Commit();
+      EXPECT_EQ(s.code(), Code::kUnavailable) << "fail at " << fail_at;
+      if (w.ok()) w->reset();
+      auto keys = b->List("");
+      ASSERT_TRUE(keys.ok()) << keys.status();
+      // A replace that failed after the rename did make the object visible
+      // (it cannot be taken back); every other failure leaves nothing.
+      bool renamed = fail_at >= static_cast<int>(PosixSyncPoint::kRenamed);
+      std::vector<std::string> want;
+      if (renamed && mode == WriteMode::kReplace) want = {"obj.bin"};
+      EXPECT_EQ(*keys, want) << "fail at " << fail_at;
+    }
+  }
+}
+
+TEST(PosixBackend, FileUris) {
+  BackendRegistry r;
+  ASSERT_TRUE(RegisterPosixBackend(r).ok());
+  TempDir dir;
+  EXPECT_TRUE(r.Open("file://" + dir.path()).ok());
+  EXPECT_TRUE(r.Open("file://localhost" + dir.path()).ok());
+  EXPECT_TRUE(r.Open(dir.path()).ok());
+  auto host = r.Open("file://otherhost/x");
+  EXPECT_EQ(host.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(host.status().message().find("three slashes"), std::string::npos);
+  EXPECT_EQ(r.Open("file:///x?version=3").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(r.Open("file:///a/../b").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(r.Open("file:///").status().code(), Code::kInvalidArgument);
+  auto b = r.Open("file://" + dir.path() + "/./x//y/");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->Uri(), "file://" + dir.path() + "/x/y");
+}
+
+TEST(PosixBackend, MissingStoreIsNotFoundAndNotCreatedByReads) {
+  TempDir dir;
+  auto b = Open(dir.Sub("nope"));
+  EXPECT_EQ(b->List("").status().code(), Code::kNotFound);
+  EXPECT_EQ(b->Stat("LATEST").status().code(), Code::kNotFound);
+  EXPECT_EQ(b->OpenObject("LATEST").status().code(), Code::kNotFound);
+  EXPECT_EQ(::access(dir.Sub("nope").c_str(), F_OK), -1);
+  ASSERT_TRUE(Put(*b, "a/b/c", "x").ok());  // the first write creates it
+  EXPECT_EQ(ReadFile(dir.Sub("nope/a/b/c")), "x");
+}
+
+}  // namespace
+}  // namespace ckptio

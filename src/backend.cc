@@ -1,0 +1,138 @@
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+#include "ckptio/backend.h"
+#include "text.h"
+
+namespace ckptio {
+
+namespace {
+bool IsKeyChar(char c) {  // ASCII only, whatever the locale
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '.' || c == '_' || c == '-';
+}
+
+bool IsSchemeChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' ||
+         c == '.' || c == '-';
+}
+}  // namespace
+
+Status ValidateKey(std::string_view key) {
+  auto bad = [&](std::string_view why) {
+    return Status(Code::kInvalidArgument,
+                  "invalid object key \"" + Printable(key) + "\": " +
+                      std::string(why));
+  };
+  if (key.empty()) return bad("empty");
+  if (key.size() > kMaxKeyLength) return bad("longer than 1024 bytes");
+  if (key.front() == '/') return bad("absolute paths are not allowed");
+  size_t start = 0;
+  while (true) {
+    size_t end = key.find('/', start);
+    std::string_view part =
+        key.substr(start, end == std::string_view::npos ? end : end - start);
+    if (part.empty()) return bad("empty path component");
+    if (part == "." || part == "..") return bad("'.' and '..' are not allowed");
+    if (part.size() > kMaxKeyComponent)
+      return bad("a component is longer than 200 bytes");
+    for (char c : part) {
+      if (!IsKeyChar(c))
+        return bad("only [A-Za-z0-9._-] and '/' between components are allowed");
+    }
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return OkStatus();
+}
+
+Status ValidatePrefix(std::string_view prefix) {
+  if (prefix.empty()) return OkStatus();
+  if (prefix.back() == '/') prefix.remove_suffix(1);
+  return ValidateKey(prefix);
+}
+
+Result<Uri> Uri::Parse(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return Status(Code::kInvalidArgument,
+                  "invalid store URI \"" + Printable(text) + "\": " +
+                      std::string(why));
+  };
+  if (text.empty()) return bad("empty");
+  if (text.find('\0') != std::string_view::npos) return bad("contains NUL");
+  Uri uri;
+  size_t sep = text.find("://");
+  if (sep == std::string_view::npos) {
+    // A plain path.
+    uri.scheme = "file";
+    uri.path = std::string(text);
+    return uri;
+  }
+  std::string scheme(text.substr(0, sep));
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (scheme.empty() || !std::all_of(scheme.begin(), scheme.end(), IsSchemeChar))
+    return bad("the scheme must be letters, digits, '+', '.' or '-'");
+  uri.scheme = scheme;
+  std::string_view rest = text.substr(sep + 3);
+  size_t q = rest.find('?');
+  std::string_view query;
+  if (q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  size_t slash = rest.find('/');
+  uri.authority = std::string(rest.substr(0, slash));
+  uri.path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view kv = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (kv.empty()) continue;
+    size_t eq = kv.find('=');
+    std::string key(kv.substr(0, eq));
+    if (key.empty()) return bad("a query parameter has no name");
+    std::string value = eq == std::string_view::npos ? "" : std::string(kv.substr(eq + 1));
+    if (!uri.params.emplace(key, value).second)
+      return bad("query parameter '" + key + "' given twice");
+  }
+  return uri;
+}
+
+Status BackendRegistry::Register(std::string scheme, BackendFactory factory) {
+  if (scheme.empty() ||
+      !std::all_of(scheme.begin(), scheme.end(), IsSchemeChar))
+    return Status(Code::kInvalidArgument,
+                  "backend scheme \"" + Printable(scheme) +
+                      "\" must be lowercase [a-z0-9+.-]");
+  if (factories_.count(scheme))
+    return Status(Code::kAlreadyExists,
+                  "a backend is already registered for scheme \"" + scheme + "\"");
+  factories_.emplace(std::move(scheme), std::move(factory));
+  return OkStatus();
+}
+
+Result<std::unique_ptr<StorageBackend>> BackendRegistry::Open(
+    std::string_view text) const {
+  CKPTIO_ASSIGN_OR_RETURN(Uri uri, Uri::Parse(text));
+  auto it = factories_.find(uri.scheme);
+  if (it == factories_.end()) {
+    std::string known;
+    for (const auto& s : Schemes()) known += (known.empty() ? "" : ", ") + s + "://";
+    return Status(Code::kInvalidArgument,
+                  "unknown storage scheme \"" + uri.scheme + "://\" in \"" +
+                      Printable(text) + "\"; known schemes: " +
+                      (known.empty() ? "none registered" : known) +
+                      " (a plain path means file://)");
+  }
+  return it->second(uri);
+}
+
+std::vector<std::string> BackendRegistry::Schemes() const {
+  std::vector<std::string> out;
+  for (const auto& [scheme, factory] : factories_) out.push_back(scheme);
+  return out;
+}
+
+}  // namespace ckptio

@@ -1,0 +1,66 @@
+#include "ckptio/hash.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace ckptio {
+
+namespace {
+Hash128 FromXxh(XXH128_hash_t h) { return Hash128{h.high64, h.low64}; }
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+}  // namespace
+
+std::string Hash128::Hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    out[15 - i] = kDigits[(high >> (4 * i)) & 0xf];
+    out[31 - i] = kDigits[(low >> (4 * i)) & 0xf];
+  }
+  return out;
+}
+
+std::optional<Hash128> Hash128::FromHex(std::string_view hex) {
+  if (hex.size() != 32) return std::nullopt;
+  Hash128 h;
+  for (size_t i = 0; i < 32; ++i) {
+    int d = HexDigit(hex[i]);
+    if (d < 0) return std::nullopt;
+    uint64_t& half = i < 16 ? h.high : h.low;
+    half = (half << 4) | static_cast<uint64_t>(d);
+  }
+  return h;
+}
+
+Hash128 HashBytes(const void* data, size_t size) {
+  return FromXxh(XXH3_128bits(data, size));
+}
+
+struct Hasher::State {
+  XXH3_state_t xxh;
+};
+
+Hasher::Hasher() : state_(std::make_unique<State>()) { Reset(); }
+Hasher::~Hasher() = default;
+Hasher::Hasher(Hasher&&) noexcept = default;
+Hasher& Hasher::operator=(Hasher&&) noexcept = default;
+
+void Hasher::Update(const void* data, size_t size) {
+  XXH3_128bits_update(&state_->xxh, data, size);
+}
+
+Hash128 Hasher::Digest() const {
+  return FromXxh(XXH3_128bits_digest(&state_->xxh));
+}
+
+void Hasher::Reset() { XXH3_128bits_reset(&state_->xxh); }
+
+}  // namespace ckptio

@@ -1,0 +1,416 @@
+// MANIFEST.json and LATEST: sealed JSON, strict parsing.
+#include "ckptio/manifest.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckptio/backend.h"
+#include "text.h"
+
+namespace ckptio {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kChecksumKey = "checksum";
+
+// Our files nest three levels deep; anything deeper is hostile (and would
+// make nlohmann's recursive dump() overflow the stack).
+constexpr int kMaxJsonDepth = 8;
+
+std::string Seal(json obj) {
+  // Strings were validated as UTF-8 by the callers; `replace` keeps a bug
+  // there from becoming an exception.
+  constexpr auto kReplace = json::error_handler_t::replace;
+  obj.erase(std::string(kChecksumKey));
+  std::string body = obj.dump(-1, ' ', false, kReplace);
+  obj[std::string(kChecksumKey)] = HashBytes(body).Hex();
+  return obj.dump(1, ' ', false, kReplace) + "\n";
+}
+
+// The deepest nesting of arrays and objects in `text`, outside strings.
+int JsonDepth(std::string_view text) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+// Reads members of one JSON object, remembering which were consumed so that
+// unknown members can be reported. Every error names the field's path.
+class Fields {
+ public:
+  Fields(const json& obj, std::string path, std::string_view where)
+      : obj_(obj), path_(std::move(path)), where_(where) {}
+
+  Status Error(std::string_view field, std::string_view what) const {
+    return Status(Code::kDataLoss, std::string(where_) + ": field '" +
+                                       Join(field) + "': " + std::string(what));
+  }
+
+  Result<const json*> Get(std::string_view name) {
+    seen_.insert(std::string(name));
+    auto it = obj_.find(std::string(name));
+    if (it == obj_.end()) return Error(name, "missing");
+    return &*it;
+  }
+
+  Result<int64_t> Int(std::string_view name, int64_t lo, int64_t hi) {
+    CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_number_integer()) return Error(name, "expected an integer");
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
+      return Error(name, "out of range");
+    int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi)
+      return Error(name, "value " + std::to_string(x) + " is outside [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return x;
+  }
+
+  Result<uint64_t> Uint(std::string_view name, uint64_t lo, uint64_t hi) {
+    CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_number_unsigned()) return Error(name, "expected an unsigned integer");
+    uint64_t x = v->get<uint64_t>();
+    if (x < lo || x > hi)
+      return Error(name, "value " + std::to_string(x) + " is outside [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return x;
+  }
+
+  Result<std::string> Str(std::string_view name, size_t max_bytes) {
+    CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_string()) return Error(name, "expected a string");
+    const auto& s = v->get_ref<const std::string&>();
+    if (s.size() > max_bytes)
+      return Error(name, "longer than " + std::to_string(max_bytes) + " bytes");
+    return s;
+  }
+
+  Result<Hash128> Hash(std::string_view name) {
+    CKPTIO_ASSIGN_OR_RETURN(std::string s, Str(name, 64));
+    auto h = Hash128::FromHex(s);
+    if (!h) return Error(name, "expected 32 hex digits (an XXH3-128)");
+    return *h;
+  }
+
+  // Unknown members are errors: a reader must not silently ignore fields a
+  // newer writer relied on.
+  Status NoOthers() const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (!seen_.count(it.key()))
+        return Error(it.key(), "unknown field");
+    }
+    return OkStatus();
+  }
+
+  std::string Join(std::string_view field) const {
+    return path_.empty() ? Printable(field) : path_ + "." + Printable(field);
+  }
+
+ private:
+  const json& obj_;
+  std::string path_;
+  std::string_view where_;
+  std::set<std::string> seen_;
+};
+
+// Parses `bytes` as one JSON object, rejecting duplicate keys (nlohmann would
+// silently keep the last), then checks and strips the self-checksum.
+Result<json> ParseSealed(std::string_view bytes, std::string_view where,
+                         size_t max_bytes) {
+  auto error = [&](std::string what) {
+    return Status(Code::kDataLoss, std::string(where) + ": " + what);
+  };
+  if (bytes.size() > max_bytes)
+    return error("is " + std::to_string(bytes.size()) + " bytes, over the " +
+                 std::to_string(max_bytes) + "-byte limit");
+  if (bytes.empty()) return error("is empty (torn write?)");
+  if (bytes.find('\0') != std::string_view::npos)
+    return error("contains a NUL byte at offset " + std::to_string(bytes.find('\0')) +
+                 " (torn or corrupt)");
+  if (JsonDepth(bytes) > kMaxJsonDepth)
+    return error("nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key) {
+      if (!keys.back().insert(parsed.get<std::string>()).second &&
+          duplicate.empty())
+        duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json obj;
+  try {
+    obj = json::parse(bytes.begin(), bytes.end(), callback);
+  } catch (const json::exception& e) {
+    return error(std::string("is not valid JSON (torn or corrupt): ") + e.what());
+  }
+  if (!duplicate.empty())
+    return error("member \"" + Printable(duplicate) + "\" appears twice");
+  if (!obj.is_object()) return error("expected a JSON object");
+  auto it = obj.find(std::string(kChecksumKey));
+  if (it == obj.end() || !it->is_string())
+    return error("field 'checksum' is missing or not a string");
+  // Compared as text: the writer emits lowercase hex, so any other spelling
+  // (even one naming the same value) is damage.
+  const std::string expected = it->get<std::string>();
+  if (!Hash128::FromHex(expected)) return error("field 'checksum' is not 32 hex digits");
+  obj.erase(it);
+  const std::string actual = HashBytes(obj.dump()).Hex();
+  if (actual != expected)
+    return error("self-checksum mismatch (expected \"" + Printable(expected) +
+                 "\", computed " + actual + "): the file is corrupt");
+  return obj;
+}
+
+Status CheckFormat(Fields& f, std::string_view expected_format,
+                   int supported_version, std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(std::string format, f.Str("format", 64));
+  if (format != expected_format)
+    return f.Error("format", "expected \"" + std::string(expected_format) +
+                                 "\", found \"" + Printable(format) + "\"");
+  CKPTIO_ASSIGN_OR_RETURN(int64_t version, f.Int("version", 1, INT32_MAX));
+  if (version > supported_version)
+    return Status(Code::kFailedPrecondition,
+                  std::string(where) + ": format version " +
+                      std::to_string(version) +
+                      " was written by a newer ckptio; this build reads up to " +
+                      std::to_string(supported_version) + ": upgrade ckptio");
+  return OkStatus();
+}
+
+}  // namespace
+
+Status ValidateObjectName(std::string_view name) {
+  if (name.find('/') != std::string_view::npos)
+    return Status(Code::kInvalidArgument,
+                  "invalid object name \"" + Printable(name) +
+                      "\": object names are flat, '/' is not allowed");
+  if (!name.empty() && name.front() == '.')
+    return Status(Code::kInvalidArgument,
+                  "invalid object name \"" + Printable(name) +
+                      "\": names starting with '.' are reserved");
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "manifest.json")  // also on case-insensitive file systems
+    return Status(Code::kInvalidArgument,
+                  "invalid object name \"MANIFEST.json\": reserved for the manifest");
+  return ValidateKey(name);
+}
+
+const ObjectEntry* Manifest::Find(std::string_view name) const {
+  auto it = std::lower_bound(
+      objects.begin(), objects.end(), name,
+      [](const ObjectEntry& e, std::string_view n) { return e.name < n; });
+  return it != objects.end() && it->name == name ? &*it : nullptr;
+}
+
+uint64_t Manifest::TotalBytes() const {
+  uint64_t total = 0;
+  for (const auto& o : objects) total += o.size;
+  return total;
+}
+
+std::string SerializeManifest(const Manifest& m) {
+  json objects = json::array();
+  for (const auto& o : m.objects) {
+    json chunks = json::array();
+    for (const auto& c : o.chunks) chunks.push_back(c.Hex());
+    objects.push_back({{"name", o.name},
+                       {"size", o.size},
+                       {"chunk_size", o.chunk_size},
+                       {"xxh3_128", o.hash.Hex()},
+                       {"chunks", std::move(chunks)}});
+  }
+  json obj = {{"format", "ckptio-manifest"},
+              {"version", m.format_version},
+              {"step", m.step},
+              {"generation", m.generation},
+              {"world_size", m.world_size},
+              {"saving_rank", m.saving_rank},
+              {"created_unix_ms", m.created_unix_ms},
+              {"writer", m.writer},
+              {"objects", std::move(objects)},
+              {"metadata", m.metadata}};
+  return Seal(std::move(obj));
+}
+
+Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxManifestBytes));
+  Fields f(obj, "", where);
+  CKPTIO_RETURN_IF_ERROR(
+      CheckFormat(f, "ckptio-manifest", kManifestFormatVersion, where));
+  Manifest m;
+  m.format_version = kManifestFormatVersion;
+  CKPTIO_ASSIGN_OR_RETURN(m.step, f.Int("step", 0, kMaxStep));
+  CKPTIO_ASSIGN_OR_RETURN(m.generation, f.Int("generation", 1, INT64_MAX));
+  CKPTIO_ASSIGN_OR_RETURN(m.world_size, f.Int("world_size", 1, 1 << 24));
+  CKPTIO_ASSIGN_OR_RETURN(m.saving_rank, f.Int("saving_rank", 0, m.world_size - 1));
+  CKPTIO_ASSIGN_OR_RETURN(m.created_unix_ms, f.Int("created_unix_ms", 0, INT64_MAX));
+  CKPTIO_ASSIGN_OR_RETURN(m.writer, f.Str("writer", 512));
+
+  CKPTIO_ASSIGN_OR_RETURN(const json* objects, f.Get("objects"));
+  if (!objects->is_array()) return f.Error("objects", "expected an array");
+  if (objects->size() > kMaxObjects)
+    return f.Error("objects", "more than " + std::to_string(kMaxObjects) + " objects");
+  m.objects.reserve(objects->size());
+  for (size_t i = 0; i < objects->size(); ++i) {
+    const json& o = (*objects)[i];
+    std::string path = "objects[" + std::to_string(i) + "]";
+    if (!o.is_object()) return f.Error(path, "expected an object");
+    Fields of(o, path, where);
+    ObjectEntry e;
+    CKPTIO_ASSIGN_OR_RETURN(e.name, of.Str("name", kMaxKeyComponent + 1));
+    Status name_ok = ValidateObjectName(e.name);
+    if (!name_ok.ok()) return of.Error("name", name_ok.message());
+    CKPTIO_ASSIGN_OR_RETURN(e.size, of.Uint("size", 0, kMaxObjectBytes));
+    CKPTIO_ASSIGN_OR_RETURN(e.chunk_size,
+                            of.Uint("chunk_size", kMinChunkBytes, kMaxChunkBytes));
+    CKPTIO_ASSIGN_OR_RETURN(e.hash, of.Hash("xxh3_128"));
+    CKPTIO_ASSIGN_OR_RETURN(const json* chunks, of.Get("chunks"));
+    if (!chunks->is_array()) return of.Error("chunks", "expected an array");
+    uint64_t want = ObjectEntry::ChunkCount(e.size, e.chunk_size);
+    if (chunks->size() != want)
+      return of.Error("chunks", "has " + std::to_string(chunks->size()) +
+                                    " entries; size and chunk_size imply " +
+                                    std::to_string(want));
+    e.chunks.reserve(chunks->size());
+    for (size_t c = 0; c < chunks->size(); ++c) {
+      const json& h = (*chunks)[c];
+      auto parsed = h.is_string() ? Hash128::FromHex(h.get<std::string>())
+                                  : std::nullopt;
+      if (!parsed)
+        return of.Error("chunks[" + std::to_string(c) + "]",
+                        "expected 32 hex digits (an XXH3-128)");
+      e.chunks.push_back(*parsed);
+    }
+    CKPTIO_RETURN_IF_ERROR(of.NoOthers());
+    if (!m.objects.empty() && m.objects.back().name >= e.name)
+      return f.Error(path + ".name",
+                     m.objects.back().name == e.name
+                         ? "duplicate object name \"" + e.name + "\""
+                         : "objects are not sorted by name");
+    m.objects.push_back(std::move(e));
+  }
+
+  CKPTIO_ASSIGN_OR_RETURN(const json* meta, f.Get("metadata"));
+  if (!meta->is_object()) return f.Error("metadata", "expected an object");
+  if (meta->size() > kMaxMetadataEntries)
+    return f.Error("metadata", "more than " + std::to_string(kMaxMetadataEntries) +
+                                   " entries");
+  for (auto it = meta->begin(); it != meta->end(); ++it) {
+    Status ok = ValidateMetadata(it.key(), it->is_string() ? it->get<std::string>() : "");
+    if (!ok.ok()) return f.Error("metadata." + it.key(), ok.message());
+    if (!it->is_string()) return f.Error("metadata." + it.key(), "expected a string");
+    m.metadata.emplace(it.key(), it->get<std::string>());
+  }
+  CKPTIO_RETURN_IF_ERROR(f.NoOthers());
+  return m;
+}
+
+Status ValidateMetadata(std::string_view key, std::string_view value) {
+  if (key.empty() || key.size() > kMaxMetadataKeyBytes)
+    return Status(Code::kInvalidArgument,
+                  "metadata key \"" + Printable(key) + "\" must be 1-" +
+                      std::to_string(kMaxMetadataKeyBytes) + " bytes");
+  if (value.size() > kMaxMetadataValueBytes)
+    return Status(Code::kInvalidArgument,
+                  "metadata value of \"" + Printable(key) + "\" is over " +
+                      std::to_string(kMaxMetadataValueBytes) + " bytes");
+  try {
+    (void)json(std::string(key)).dump();
+    (void)json(std::string(value)).dump();
+  } catch (const json::exception&) {
+    return Status(Code::kInvalidArgument,
+                  "metadata \"" + Printable(key) +
+                      "\" is not valid UTF-8; encode binary values (e.g. base64)");
+  }
+  return OkStatus();
+}
+
+std::string SerializeLatest(const Latest& l) {
+  return Seal({{"format", "ckptio-latest"},
+               {"version", kLatestFormatVersion},
+               {"step", l.step},
+               {"generation", l.generation},
+               {"manifest_xxh3_128", l.manifest_hash.Hex()}});
+}
+
+Result<Latest> ParseLatest(std::string_view bytes, std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxLatestBytes));
+  Fields f(obj, "", where);
+  CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-latest", kLatestFormatVersion, where));
+  Latest l;
+  CKPTIO_ASSIGN_OR_RETURN(l.step, f.Int("step", 0, kMaxStep));
+  CKPTIO_ASSIGN_OR_RETURN(l.generation, f.Int("generation", 1, INT64_MAX));
+  CKPTIO_ASSIGN_OR_RETURN(l.manifest_hash, f.Hash("manifest_xxh3_128"));
+  CKPTIO_RETURN_IF_ERROR(f.NoOthers());
+  return l;
+}
+
+std::string SerializeWriterRecord(const WriterRecord& w) {
+  return Seal({{"format", "ckptio-writer"},
+               {"version", 1},
+               {"generation", w.generation},
+               {"host", w.host},
+               {"pid", w.pid},
+               {"started_unix_ms", w.started_unix_ms}});
+}
+
+Result<WriterRecord> ParseWriterRecord(std::string_view bytes,
+                                       std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxLatestBytes));
+  Fields f(obj, "", where);
+  CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-writer", 1, where));
+  WriterRecord w;
+  CKPTIO_ASSIGN_OR_RETURN(w.generation, f.Int("generation", 1, INT64_MAX));
+  CKPTIO_ASSIGN_OR_RETURN(w.host, f.Str("host", 256));
+  CKPTIO_ASSIGN_OR_RETURN(w.pid, f.Int("pid", 0, INT64_MAX));
+  CKPTIO_ASSIGN_OR_RETURN(w.started_unix_ms, f.Int("started_unix_ms", 0, INT64_MAX));
+  CKPTIO_RETURN_IF_ERROR(f.NoOthers());
+  return w;
+}
+
+std::string StepDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%012lld", static_cast<long long>(step));
+  return buf;
+}
+
+int64_t ParseStepDirName(std::string_view name) {
+  constexpr std::string_view kPrefix = "step-";
+  if (name.size() != kPrefix.size() + 12 || name.substr(0, kPrefix.size()) != kPrefix)
+    return -1;
+  int64_t step = 0;
+  for (char c : name.substr(kPrefix.size())) {
+    if (c < '0' || c > '9') return -1;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+}  // namespace ckptio

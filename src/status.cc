@@ -1,0 +1,117 @@
+#include "ckptio/status.h"
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace ckptio {
+
+std::string_view CodeName(Code code) {
+  switch (code) {
+    case Code::kOk: return "OK";
+    case Code::kInvalidArgument: return "INVALID_ARGUMENT";
+    case Code::kNotFound: return "NOT_FOUND";
+    case Code::kAlreadyExists: return "ALREADY_EXISTS";
+    case Code::kPermissionDenied: return "PERMISSION_DENIED";
+    case Code::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case Code::kAborted: return "ABORTED";
+    case Code::kUnavailable: return "UNAVAILABLE";
+    case Code::kDataLoss: return "DATA_LOSS";
+    case Code::kResourceExhausted: return "RESOURCE_EXHAUSTED";
+    case Code::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case Code::kUnimplemented: return "UNIMPLEMENTED";
+    case Code::kInternal: return "INTERNAL";
+  }
+  return "UNKNOWN";
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  std::string out(CodeName(code_));
+  out += ": ";
+  out += message_;
+  return out;
+}
+
+Status Status::WithContext(std::string_view context) const {
+  if (ok()) return *this;
+  std::string msg(context);
+  msg += ": ";
+  msg += message_;
+  return Status(code_, std::move(msg));
+}
+
+std::ostream& operator<<(std::ostream& os, const Status& s) {
+  return os << s.ToString();
+}
+
+Status ErrnoToStatus(int err, std::string_view what) {
+  Code code = Code::kInternal;
+  const char* advice = "";
+  switch (err) {
+    case ENOENT:
+      code = Code::kNotFound;
+      break;
+    case EEXIST:
+      code = Code::kAlreadyExists;
+      break;
+    case EACCES:
+    case EPERM:
+      code = Code::kPermissionDenied;
+      advice = "; check the ownership and mode of the store directory";
+      break;
+    case ENOSPC:
+    case EDQUOT:
+      code = Code::kResourceExhausted;
+      advice = "; free space (e.g. `ckptio gc STORE --keep N`) and save again";
+      break;
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+      code = Code::kResourceExhausted;
+      break;
+    case EIO:
+      code = Code::kUnavailable;
+      advice =
+          "; the device reported an I/O error, the partial write was "
+          "discarded; check the disk or server, then save again";
+      break;
+    case EINTR:
+    case EAGAIN:
+    case ESTALE:
+    case ECONNRESET:
+    case ENOTCONN:
+      code = Code::kUnavailable;
+      break;
+    case ETIMEDOUT:
+      code = Code::kDeadlineExceeded;
+      break;
+    case ELOOP:
+      code = Code::kFailedPrecondition;
+      advice =
+          "; a symbolic link was found where ckptio expects a plain file or "
+          "directory, and ckptio never follows links inside a store: remove it";
+      break;
+    case ENOTDIR:
+    case EISDIR:
+    case ENOTEMPTY:
+    case EROFS:
+    case EXDEV:
+      code = Code::kFailedPrecondition;
+      break;
+    case EINVAL:
+    case ENAMETOOLONG:
+    case EBADF:
+      code = Code::kInvalidArgument;
+      break;
+    default:
+      break;
+  }
+  std::string msg(what);
+  msg += ": ";
+  msg += std::strerror(err);
+  msg += advice;
+  return Status(code, std::move(msg));
+}
+
+}  // namespace ckptio

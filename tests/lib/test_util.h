@@ -1,0 +1,90 @@
+// Helpers shared by ckptio's tests: temp directories, a recording backend
+// wrapper, byte patterns.
+#ifndef CKPTIO_TESTS_LIB_TEST_UTIL_H_
+#define CKPTIO_TESTS_LIB_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ckptio/backend.h"
+#include "ckptio/status.h"
+
+namespace ckptio::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// `n` pseudo-random bytes, the same for the same seed.
+std::string RandomBytes(size_t n, uint64_t seed);
+
+// Reads or writes a whole file on the real file system (bypassing ckptio).
+std::string ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::string& bytes);
+// Flips bit `bit` (0-7) of byte `offset` in place.
+void FlipBit(const std::string& path, uint64_t offset, int bit);
+
+// Wraps a backend and records every call as one line, e.g.
+// "new step-000000000001/a.bin", "commit step-000000000001/a.bin",
+// "delete LATEST". Thread-safe.
+class RecordingBackend : public StorageBackend {
+ public:
+  explicit RecordingBackend(std::shared_ptr<StorageBackend> inner)
+      : inner_(std::move(inner)) {}
+
+  std::vector<std::string> log() const;
+  void Clear();
+
+  std::string Uri() const override { return inner_->Uri(); }
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key,
+                                                  WriteMode mode) override;
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override;
+  Result<ObjectInfo> Stat(std::string_view key) override;
+  Result<std::vector<std::string>> List(std::string_view prefix) override;
+  Status Delete(std::string_view key) override;
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key) override;
+
+  void Record(std::string line);
+
+ private:
+  std::shared_ptr<StorageBackend> inner_;
+  mutable std::mutex mu_;
+  std::vector<std::string> log_;
+};
+
+#define CKPTIO_ASSERT_OK(expr)                       \
+  do {                                               \
+    const ::ckptio::Status ckptio_s_ = (expr);       \
+    ASSERT_TRUE(ckptio_s_.ok()) << ckptio_s_;        \
+  } while (0)
+#define CKPTIO_EXPECT_OK(expr)                       \
+  do {                                               \
+    const ::ckptio::Status ckptio_s_ = (expr);       \
+    EXPECT_TRUE(ckptio_s_.ok()) << ckptio_s_;        \
+  } while (0)
+
+// `lhs = value of rexpr`, or fail the test.
+#define CKPTIO_ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                   \
+  CKPTIO_ASSERT_OK_AND_ASSIGN_IMPL_(CKPTIO_CONCAT_(ckptio_r_, __LINE__), lhs, rexpr)
+#define CKPTIO_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, rexpr) \
+  auto tmp = (rexpr);                                      \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();                   \
+  lhs = std::move(tmp).value()
+
+}  // namespace ckptio::testing
+
+#endif  // CKPTIO_TESTS_LIB_TEST_UTIL_H_

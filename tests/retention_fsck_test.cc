@@ -1,0 +1,172 @@
+// keep_last retention, gc, and fsck / repair.
+#include <unistd.h>
+
+#include <sys/stat.h>
+
+#include <random>
+#include <set>
+
+#include "ckptio/ckptio.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using testing::RandomBytes;
+using testing::TempDir;
+
+class RetentionFsckTest : public ::testing::Test {
+ protected:
+  void SetUp() override { CKPTIO_ASSERT_OK_AND_ASSIGN(store_, OpenStore(dir_.Sub("store"))); }
+
+  std::string StepPath(int64_t step, const std::string& name = "") const {
+    return dir_.Sub("store/" + StepDirName(step) + (name.empty() ? "" : "/" + name));
+  }
+
+  Result<CommitInfo> Save(StoreWriter& w, int64_t step) {
+    CKPTIO_ASSIGN_OR_RETURN(auto p, w.Begin(step));
+    std::string bytes = RandomBytes(10000, static_cast<uint64_t>(step));
+    CKPTIO_RETURN_IF_ERROR(p->PutObject("a.bin", bytes.data(), bytes.size()));
+    CKPTIO_RETURN_IF_ERROR(p->PutObject("b.bin", "b", 1));
+    return p->Commit();
+  }
+
+  std::vector<int64_t> Committed() {
+    std::vector<int64_t> out;
+    auto steps = store_->ListSteps();
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    for (const auto& s : *steps)
+      if (s.state == StepState::kCommitted) out.push_back(s.step);
+    return out;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(RetentionFsckTest, KeepLastKeepsTheNewestSteps) {
+  WriterOptions o;
+  o.keep_last = 2;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter(o));
+  for (int64_t step = 1; step <= 5; ++step) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto info, Save(*w, step));
+    CKPTIO_EXPECT_OK(info.retention);
+    if (step >= 3) {
+      EXPECT_EQ(info.retired, std::vector<int64_t>{step - 2});
+    }
+  }
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{4, 5}));
+  // Deleted steps leave no directory behind.
+  EXPECT_NE(::access(StepPath(1).c_str(), F_OK), 0);
+}
+
+TEST_F(RetentionFsckTest, RetentionNeverDeletesTheStepLatestNames) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  ASSERT_TRUE(Save(*w, 100).ok());
+  // Lower steps after a rollback: LATEST stays on 100.
+  for (int64_t step : {10, 20, 30}) ASSERT_TRUE(Save(*w, step).ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto deleted, w->CollectGarbage(1));
+  EXPECT_EQ(deleted, (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(Committed(), std::vector<int64_t>{100});
+  EXPECT_EQ(w->CollectGarbage(0).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(RetentionFsckTest, GcKeepsLatestEvenWhenItIsNotAmongTheNewest) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  for (int64_t step : {1, 2, 3}) ASSERT_TRUE(Save(*w, step).ok());
+  // Simulate LATEST left on step 1 (e.g. a crash before it moved).
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r1, store_->OpenStep(1));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest_writer,
+                              store_->backend().NewObject(kLatestKey, WriteMode::kReplace));
+  std::string latest = SerializeLatest({1, w->generation(), r1->manifest_hash()});
+  CKPTIO_ASSERT_OK(latest_writer->Append(latest.data(), latest.size()));
+  CKPTIO_ASSERT_OK(latest_writer->Commit());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto deleted, w->CollectGarbage(1));
+  EXPECT_EQ(deleted, std::vector<int64_t>{2});
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{1, 3}));
+}
+
+TEST_F(RetentionFsckTest, CleanStoreChecksClean) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  for (int64_t step : {1, 2}) ASSERT_TRUE(Save(*w, step).ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check());
+  EXPECT_TRUE(report.clean());
+  EXPECT_EQ(report.good_steps, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(report.latest, 2);
+  EXPECT_TRUE(report.writer_active) << "this process holds the writer";
+}
+
+TEST_F(RetentionFsckTest, FsckFindsEveryKindOfDamageAndRepairFixesIt) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    for (int64_t step : {1, 2, 3, 4}) ASSERT_TRUE(Save(*w, step).ok());
+  }
+  // Damage: step 4 (named by LATEST) corrupt, step 2's manifest corrupt, a
+  // torn step 5, a stale temp in step 1.
+  testing::FlipBit(StepPath(4, "a.bin"), 1234, 3);
+  testing::FlipBit(StepPath(2, "MANIFEST.json"), 40, 1);
+  ASSERT_EQ(::mkdir(StepPath(5).c_str(), 0755), 0);
+  testing::WriteFile(StepPath(5, "a.bin"), "half");
+  testing::WriteFile(StepPath(1, ".ckptio-tmp.a.bin.host.1.2.dead"), "junk");
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check());
+  EXPECT_FALSE(report.writer_active);
+  EXPECT_EQ(report.good_steps, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(report.latest, 4);
+  std::multiset<std::string> kinds;
+  for (const auto& p : report.problems) kinds.insert(std::string(FsckKindName(p.kind)));
+  EXPECT_EQ(kinds, (std::multiset<std::string>{"bad-latest", "corrupt-step", "corrupt-step",
+                                                 "stale-temp", "torn-step"}));
+  // Check changed nothing.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto again, store_->Check());
+  EXPECT_EQ(again.problems.size(), report.problems.size());
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+  EXPECT_TRUE(repaired.clean());
+  EXPECT_EQ(repaired.latest, 3);
+  EXPECT_EQ(repaired.good_steps, (std::vector<int64_t>{1, 3})) << "no good step deleted";
+  EXPECT_FALSE(repaired.repairs.empty());
+  EXPECT_EQ(repaired.repairs.front(), "LATEST now names step 3") << "LATEST moves first";
+  w.reset();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto final_check, store_->Check());
+  EXPECT_TRUE(final_check.clean());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenLatest());
+  CKPTIO_EXPECT_OK(r->Verify());
+}
+
+TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepRemovesLatest) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    ASSERT_TRUE(Save(*w, 1).ok());
+  }
+  testing::FlipBit(StepPath(1, "b.bin"), 0, 0);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+  EXPECT_TRUE(repaired.clean());
+  EXPECT_TRUE(repaired.good_steps.empty());
+  EXPECT_EQ(store_->OpenLatest().status().code(), Code::kNotFound);
+}
+
+TEST_F(RetentionFsckTest, RepairNeverDeletesAStepThatVerifies) {
+  // Many rounds of random damage; the set of verifying steps never shrinks.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  std::mt19937_64 rng(7);
+  int64_t next = 1;
+  for (int round = 0; round < 10; ++round) {
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(Save(*w, next++).ok());
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListSteps());
+    int64_t victim = steps[rng() % steps.size()].step;
+    testing::FlipBit(StepPath(victim, rng() % 2 ? "a.bin" : "MANIFEST.json"), rng() % 50,
+                     static_cast<int>(rng() % 8));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto before, store_->Check());
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto after, w->Repair());
+    EXPECT_TRUE(after.clean()) << "round " << round;
+    EXPECT_EQ(after.good_steps, before.good_steps) << "round " << round;
+    ASSERT_FALSE(after.good_steps.empty());
+    EXPECT_EQ(after.latest, after.good_steps.back());
+  }
+}
+
+}  // namespace
+}  // namespace ckptio

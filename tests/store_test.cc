@@ -1,0 +1,262 @@
+// The commit protocol through the public Store API on the POSIX backend.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckptio/ckptio.h"
+#include "ckptio/posix_backend.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using testing::RandomBytes;
+using testing::TempDir;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = OpenStore(dir_.Sub("store"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+  }
+
+  std::unique_ptr<StoreWriter> Writer(WriterOptions o = {}) {
+    auto w = store_->OpenWriter(o);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::move(*w) : nullptr;
+  }
+
+  // Commits `objects` (name -> bytes) as `step`.
+  Result<CommitInfo> Save(StoreWriter& w, int64_t step,
+                          const std::map<std::string, std::string>& objects) {
+    CKPTIO_ASSIGN_OR_RETURN(auto p, w.Begin(step));
+    for (const auto& [name, bytes] : objects)
+      CKPTIO_RETURN_IF_ERROR(p->PutObject(name, bytes.data(), bytes.size()));
+    return p->Commit();
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTest, SaveThenLoadRoundTripsEveryByte) {
+  auto w = Writer();
+  const std::string big = RandomBytes((9 << 20) + 123, 1);  // 3 chunks at 4 MiB
+  auto info = Save(*w, 5, {{"model.bin", big}, {"empty.bin", ""}, {"tiny", "x"}});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->latest_updated);
+  EXPECT_EQ(info->bytes, big.size() + 1);
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenLatest());
+  EXPECT_EQ(r->step(), 5);
+  EXPECT_EQ(r->manifest_hash(), info->manifest_hash);
+  ASSERT_EQ(r->manifest().objects.size(), 3u);
+  EXPECT_EQ(r->manifest().Find("model.bin")->chunks.size(), 3u);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string back, r->ReadAll("model.bin"));
+  EXPECT_TRUE(back == big);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string empty, r->ReadAll("empty.bin"));
+  EXPECT_EQ(empty, "");
+  CKPTIO_EXPECT_OK(r->Verify());
+
+  // Ranges that straddle chunk boundaries come back exactly.
+  for (uint64_t off : {uint64_t{0}, uint64_t{4194303}, uint64_t{4194304}, uint64_t{9437000}}) {
+    size_t len = static_cast<size_t>(std::min<uint64_t>(5000, big.size() - off));
+    std::string buf(len, '\0');
+    CKPTIO_ASSERT_OK(r->Read("model.bin", off, buf.data(), len));
+    EXPECT_EQ(buf, big.substr(off, len)) << off;
+  }
+  std::string buf(10, '\0');
+  EXPECT_EQ(r->Read("model.bin", big.size() - 5, buf.data(), 10).code(), Code::kInvalidArgument);
+  auto missing = r->ReadAll("nope");
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  EXPECT_NE(missing.status().message().find("model.bin"), std::string::npos)
+      << "the error lists the objects that exist";
+}
+
+TEST_F(StoreTest, ManifestRecordsWhatWasSaved) {
+  WriterOptions o;
+  o.world_size = 4;
+  o.saving_rank = 0;
+  o.chunk_size = 64 << 10;
+  auto w = Writer(o);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(12));
+  CKPTIO_ASSERT_OK(p->SetMetadata("epoch", "3"));
+  CKPTIO_ASSERT_OK(p->SetMetadata("note", "caf\xc3\xa9"));
+  EXPECT_EQ(p->SetMetadata("bad", "\xff\xfe").code(), Code::kInvalidArgument);
+  std::string bytes = RandomBytes(200000, 2);
+  CKPTIO_ASSERT_OK(p->PutObject("w", bytes.data(), bytes.size()));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto info, p->Commit());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(12));
+  const Manifest& m = r->manifest();
+  EXPECT_EQ(m.step, 12);
+  EXPECT_EQ(m.world_size, 4);
+  EXPECT_EQ(m.generation, w->generation());
+  EXPECT_EQ(m.metadata.at("epoch"), "3");
+  EXPECT_EQ(m.metadata.at("note"), "caf\xc3\xa9");
+  const ObjectEntry* e = m.Find("w");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->chunk_size, 64u << 10);
+  EXPECT_EQ(e->chunks.size(), 4u);
+  EXPECT_EQ(e->hash, HashBytes(bytes));
+  EXPECT_EQ(e->chunks[1], HashBytes(bytes.data() + (64 << 10), 64 << 10));
+  EXPECT_GT(m.created_unix_ms, 0);
+}
+
+TEST_F(StoreTest, CommittedStepsAreImmutable) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", "one"}}).ok());
+  auto again = w->Begin(1);
+  ASSERT_EQ(again.status().code(), Code::kAlreadyExists);
+  EXPECT_NE(again.status().message().find("immutable"), std::string::npos);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
+  EXPECT_EQ(*r->ReadAll("a"), "one");
+}
+
+TEST_F(StoreTest, NothingIsVisibleBeforeCommit) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", "old"}}).ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(2));
+  CKPTIO_ASSERT_OK(p->PutObject("a", "new", 3));
+  // Objects are durable, but the step is not committed until the manifest.
+  EXPECT_EQ(store_->OpenStep(2).status().code(), Code::kNotFound);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store_->ReadLatest());
+  EXPECT_EQ(latest->step, 1);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListSteps());
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[1].state, StepState::kTorn);
+  CKPTIO_ASSERT_OK(p->Commit().status());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenLatest());
+  EXPECT_EQ(r->step(), 2);
+}
+
+TEST_F(StoreTest, AbandonedCheckpointLeavesNothingAndPreviousSurvives) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", "keep"}}).ok());
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(2));
+    CKPTIO_ASSERT_OK(p->PutObject("a", "partial", 7));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto stream, p->AddObject("b"));
+    CKPTIO_ASSERT_OK(stream->Write("xx", 2));
+    // Neither closed nor committed: both go away with p.
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListSteps());
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].step, 1);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, store_->backend().List(""));
+  for (const auto& k : keys) EXPECT_EQ(k.find(kTempMarker), std::string::npos) << k;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenLatest());
+  EXPECT_EQ(*r->ReadAll("a"), "keep");
+}
+
+TEST_F(StoreTest, CommitRefusesOpenOrFailedStreams) {
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(3));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto s, p->AddObject("a"));
+  auto c = p->Commit();
+  EXPECT_EQ(c.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find("still open"), std::string::npos);
+  EXPECT_EQ(p->AddObject("a").status().code(), Code::kInvalidArgument) << "duplicate name";
+  EXPECT_EQ(p->AddObject("../x").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(p->AddObject("MANIFEST.json").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(w->Begin(4).status().code(), Code::kFailedPrecondition) << "one pending at a time";
+}
+
+TEST_F(StoreTest, LatestNamesTheHighestCommittedStep) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 10, {{"a", "10"}}).ok());
+  auto lower = Save(*w, 5, {{"a", "5"}});
+  ASSERT_TRUE(lower.ok()) << lower.status();
+  EXPECT_FALSE(lower->latest_updated);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenLatest());
+  EXPECT_EQ(r->step(), 10);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r5, store_->OpenStep(5));
+  EXPECT_EQ(*r5->ReadAll("a"), "5");
+}
+
+TEST_F(StoreTest, TornLeftoversOfAStepAreClearedByTheNextBegin) {
+  auto w = Writer();
+  // A crashed attempt at step 7 left an object but no manifest.
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto obj, store_->backend().NewObject(
+                                              "step-000000000007/a", WriteMode::kReplace));
+    CKPTIO_ASSERT_OK(obj->Append("stale", 5));
+    CKPTIO_ASSERT_OK(obj->Commit());
+  }
+  auto info = Save(*w, 7, {{"a", "fresh"}});
+  ASSERT_TRUE(info.ok()) << info.status();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(7));
+  EXPECT_EQ(*r->ReadAll("a"), "fresh");
+}
+
+TEST_F(StoreTest, GenerationsIncreaseAndStaleTempsAreRemovedAtOpen) {
+  int64_t first;
+  {
+    auto w = Writer();
+    first = w->generation();
+    ASSERT_TRUE(Save(*w, 1, {{"a", "x"}}).ok());
+  }
+  // A dead writer's temp file.
+  ASSERT_EQ(::mkdir(dir_.Sub("store/step-000000000002").c_str(), 0755), 0);
+  testing::WriteFile(dir_.Sub("store/step-000000000002/.ckptio-tmp.a.host.1.0.dead"), "junk");
+  auto w = Writer();
+  EXPECT_EQ(w->generation(), first + 1);
+  EXPECT_EQ(w->stale_temps_removed(), 1u);
+  EXPECT_NE(::access(dir_.Sub("store/step-000000000002").c_str(), F_OK), 0);
+}
+
+TEST_F(StoreTest, AFencedWriterCannotCommit) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", "x"}}).ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(2));
+  CKPTIO_ASSERT_OK(p->PutObject("a", "y", 1));
+  // Another writer claims the store (its lock was lost to us somehow).
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, NewPosixBackend(dir_.Sub("store")));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto rec, other->NewObject(kWriterKey, WriteMode::kReplace));
+  std::string bytes = SerializeWriterRecord({w->generation() + 1, "elsewhere", 99, 0});
+  CKPTIO_ASSERT_OK(rec->Append(bytes.data(), bytes.size()));
+  CKPTIO_ASSERT_OK(rec->Commit());
+  auto c = p->Commit();
+  EXPECT_EQ(c.status().code(), Code::kAborted);
+  EXPECT_NE(c.status().message().find("fenced"), std::string::npos) << c.status();
+  EXPECT_EQ(store_->OpenStep(2).status().code(), Code::kNotFound);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store_->ReadLatest());
+  EXPECT_EQ(latest->step, 1);
+}
+
+TEST_F(StoreTest, BadOptionsAndStepsAreRejected) {
+  WriterOptions o;
+  o.chunk_size = 100;
+  EXPECT_EQ(store_->OpenWriter(o).status().code(), Code::kInvalidArgument);
+  o = {};
+  o.saving_rank = 2;
+  o.world_size = 2;
+  EXPECT_EQ(store_->OpenWriter(o).status().code(), Code::kInvalidArgument);
+  auto w = Writer();
+  EXPECT_EQ(w->Begin(-1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(w->Begin(kMaxStep + 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(store_->OpenStep(-3).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(StoreTest, EmptyAndMissingStores) {
+  EXPECT_EQ(store_->ListSteps().status().code(), Code::kNotFound) << "store dir absent";
+  EXPECT_EQ(store_->OpenLatest().status().code(), Code::kNotFound);
+  auto unknown = OpenStore("s3://bucket/x");
+  EXPECT_EQ(unknown.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("file://"), std::string::npos);
+}
+
+TEST_F(StoreTest, ReadOfATruncatedObjectIsDataLossAndZeroesTheBuffer) {
+  auto w = Writer();
+  std::string bytes = RandomBytes(100000, 3);
+  ASSERT_TRUE(Save(*w, 1, {{"a", bytes}}).ok());
+  ASSERT_EQ(::truncate(dir_.Sub("store/step-000000000001/a").c_str(), 50000), 0);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
+  std::string buf(100, 'z');
+  Status s = r->Read("a", 0, buf.data(), buf.size());
+  EXPECT_EQ(s.code(), Code::kDataLoss);
+  EXPECT_NE(s.message().find("step 1"), std::string::npos) << s;
+  EXPECT_EQ(buf, std::string(100, '\0'));
+}
+
+}  // namespace
+}  // namespace ckptio

@@ -1,0 +1,576 @@
+// One writer per store, across real processes: the fcntl writer lock, its
+// release when the holder exits or is killed, lock waits, races between
+// processes, the in-process guard, and generation fencing.
+//
+// Children are made with fork() (this test binary starts no threads before
+// forking), talk to the parent through pipes and always leave with _exit().
+// Child exit codes: 0 got the writer, 3 refused (FailedPrecondition), 4 any
+// other error, 5 an exception.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptio/ckptio.h"
+#include "ckptio/posix_backend.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using ::ckptio::testing::RandomBytes;
+using ::ckptio::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kChildGotWriter = 0;
+constexpr int kChildRefused = 3;
+constexpr int kChildOtherError = 4;
+
+// ---------------------------------------------------------------- plumbing
+
+class Pipe {
+ public:
+  Pipe() {
+    int fds[2];
+    if (::pipe(fds) == 0) {
+      read_ = fds[0];
+      write_ = fds[1];
+    }
+  }
+  ~Pipe() {
+    CloseRead();
+    CloseWrite();
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  bool ok() const { return read_ >= 0 && write_ >= 0; }
+  int read_fd() const { return read_; }
+  int write_fd() const { return write_; }
+  void CloseRead() {
+    if (read_ >= 0) ::close(read_);
+    read_ = -1;
+  }
+  void CloseWrite() {
+    if (write_ >= 0) ::close(write_);
+    write_ = -1;
+  }
+
+ private:
+  int read_ = -1;
+  int write_ = -1;
+};
+
+void WriteLine(int fd, const std::string& line) {
+  std::string s = line + "\n";
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+// One line from fd (without '\n'); nullopt on EOF or timeout.
+std::optional<std::string> ReadLine(int fd, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::string line;
+  while (true) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return std::nullopt;
+    struct pollfd p = {fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return std::nullopt;
+    char c;
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    if (c == '\n') return line;
+    line.push_back(c);
+  }
+}
+
+// Blocks until the write end of the pipe is closed everywhere (EOF), or
+// `timeout`. True on EOF.
+bool WaitForEof(int fd, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  char buf[64];
+  while (true) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    struct pollfd p = {fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return false;
+    if (r == 0) return false;
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+  }
+}
+
+// A forked child running `body`; killed and reaped if still there when the
+// handle is destroyed (so a failed assertion never leaves one behind).
+class Child {
+ public:
+  template <typename Body>
+  static Child Start(Body body) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 5;
+      try {
+        code = body();
+      } catch (...) {
+        code = 5;
+      }
+      ::_exit(code);
+    }
+    return Child(pid);
+  }
+  Child(Child&& o) noexcept : pid_(o.pid_), reaped_(o.reaped_) { o.pid_ = -1; }
+  Child& operator=(Child&&) = delete;
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  // The raw wait status, or nullopt if it is still running after `timeout`.
+  std::optional<int> Wait(milliseconds timeout) {
+    if (reaped_) return status_;
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      int status = 0;
+      pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        reaped_ = true;
+        status_ = status;
+        return status;
+      }
+      if (r < 0 && errno != EINTR) return std::nullopt;
+      if (Clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+  // Exit code, 128+signal, or -1 on timeout.
+  int ExitCode(milliseconds timeout) {
+    auto s = Wait(timeout);
+    if (!s) return -1;
+    if (WIFEXITED(*s)) return WEXITSTATUS(*s);
+    if (WIFSIGNALED(*s)) return 128 + WTERMSIG(*s);
+    return -1;
+  }
+
+ private:
+  explicit Child(pid_t pid) : pid_(pid) {}
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+// "OK <generation>" or "ERR <code>: <message>", as children report.
+std::string Report(const Result<std::unique_ptr<StoreWriter>>& w) {
+  if (w.ok()) return "OK " + std::to_string((*w)->generation());
+  return "ERR " + w.status().ToString();
+}
+
+int64_t ParseGeneration(const std::string& line) {
+  if (line.rfind("OK ", 0) != 0) return -1;
+  return std::stoll(line.substr(3));
+}
+
+WriterOptions Wait(milliseconds wait) {
+  WriterOptions o;
+  o.lock_wait = wait;
+  return o;
+}
+
+int ChildCodeFor(const Status& s) {
+  if (s.ok()) return kChildGotWriter;
+  return s.code() == Code::kFailedPrecondition ? kChildRefused : kChildOtherError;
+}
+
+// Asks the kernel, from a forked child, which process holds a lock on
+// <store>/.lock: its pid, 0 when none, -1 on error. (The child holds no
+// lock, so opening .lock there cannot disturb the parent's. The in-process
+// record of held locks that the child inherits is not consulted.)
+pid_t LockHolderSeenByAnotherProcess(const std::string& store) {
+  Pipe answer;
+  if (!answer.ok()) return -1;
+  Child child = Child::Start([&] {
+    answer.CloseRead();
+    int fd = ::open((store + "/.lock").c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return kChildOtherError;
+    struct flock fl;
+    std::memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 0;
+    if (::fcntl(fd, F_GETLK, &fl) != 0) return kChildOtherError;
+    WriteLine(answer.write_fd(), std::to_string(fl.l_type == F_UNLCK ? 0 : fl.l_pid));
+    return kChildGotWriter;
+  });
+  if (!child.started()) return -1;
+  answer.CloseWrite();
+  auto line = ReadLine(answer.read_fd(), milliseconds(10000));
+  if (child.ExitCode(milliseconds(10000)) != kChildGotWriter || !line) return -1;
+  return static_cast<pid_t>(std::stol(*line));
+}
+
+class WriterLockTest : public ::testing::Test {
+ protected:
+  void SetUp() override { path_ = tmp_.Sub("store"); }
+
+  // Commits step `step` with one small object.
+  void CommitStep(StoreWriter& w, int64_t step) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w.Begin(step));
+    const std::string data = RandomBytes(1000, static_cast<uint64_t>(step));
+    CKPTIO_ASSERT_OK(p->PutObject("a.bin", data.data(), data.size()));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto info, p->Commit());
+    (void)info;
+  }
+
+  TempDir tmp_;
+  std::string path_;
+};
+
+// ---------------------------------------------------------------- tests
+
+TEST_F(WriterLockTest, SecondProcessIsRefusedNamingTheHolder) {
+  Pipe ready, hold;
+  ASSERT_TRUE(ready.ok() && hold.ok());
+  Child child = Child::Start([&] {
+    ready.CloseRead();
+    hold.CloseWrite();
+    auto store = OpenStore(path_);
+    if (!store.ok()) {
+      WriteLine(ready.write_fd(), "ERR " + store.status().ToString());
+      return kChildOtherError;
+    }
+    auto w = (*store)->OpenWriter(WriterOptions{});
+    WriteLine(ready.write_fd(), Report(w));
+    if (!w.ok()) return ChildCodeFor(w.status());
+    WaitForEof(hold.read_fd(), milliseconds(30000));
+    return kChildGotWriter;  // the writer is destroyed on return
+  });
+  ASSERT_TRUE(child.started());
+  ready.CloseWrite();
+  hold.CloseRead();
+  auto line = ReadLine(ready.read_fd(), milliseconds(10000));
+  ASSERT_TRUE(line.has_value()) << "child did not report";
+  const int64_t child_gen = ParseGeneration(*line);
+  ASSERT_GT(child_gen, 0) << *line;
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  auto t0 = Clock::now();
+  auto refused = store->OpenWriter(WriterOptions{});
+  auto took = Clock::now() - t0;
+  ASSERT_FALSE(refused.ok()) << "two processes hold the writer of " << path_;
+  EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("already has a writer"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("pid " + std::to_string(child.pid())),
+            std::string::npos)
+      << "the error should name the holder's pid " << child.pid() << ": "
+      << refused.status();
+  EXPECT_LT(took, milliseconds(250)) << "lock_wait=0 should fail at once";
+
+  t0 = Clock::now();
+  auto waited = store->OpenWriter(Wait(milliseconds(300)));
+  took = Clock::now() - t0;
+  ASSERT_FALSE(waited.ok());
+  EXPECT_EQ(waited.status().code(), Code::kFailedPrecondition) << waited.status();
+  EXPECT_NE(waited.status().message().find("already has a writer"), std::string::npos)
+      << waited.status();
+  EXPECT_GE(took, milliseconds(300)) << "gave up before lock_wait";
+  EXPECT_LT(took, milliseconds(2000)) << "waited far past lock_wait";
+
+  // Let the child finish normally; then the lock is free.
+  hold.CloseWrite();
+  EXPECT_EQ(child.ExitCode(milliseconds(10000)), kChildGotWriter);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto mine, store->OpenWriter(WriterOptions{}));
+  EXPECT_GT(mine->generation(), child_gen);
+}
+
+TEST_F(WriterLockTest, KilledHolderReleasesTheLock) {
+  Pipe ready, hold;
+  ASSERT_TRUE(ready.ok() && hold.ok());
+  Child child = Child::Start([&] {
+    ready.CloseRead();
+    hold.CloseWrite();
+    auto store = OpenStore(path_);
+    if (!store.ok()) return kChildOtherError;
+    auto w = (*store)->OpenWriter(WriterOptions{});
+    if (!w.ok()) {
+      WriteLine(ready.write_fd(), Report(w));
+      return ChildCodeFor(w.status());
+    }
+    // Die in the middle of writing an object: a temp object stays behind.
+    auto p = (*w)->Begin(7);
+    if (!p.ok()) return kChildOtherError;
+    auto stream = (*p)->AddObject("x.bin");
+    if (!stream.ok()) return kChildOtherError;
+    const std::string data = RandomBytes(4096, 7);
+    if (!(*stream)->Write(data.data(), data.size()).ok()) return kChildOtherError;
+    WriteLine(ready.write_fd(), Report(w));
+    WaitForEof(hold.read_fd(), milliseconds(30000));
+    return kChildOtherError;  // should have been killed
+  });
+  ASSERT_TRUE(child.started());
+  ready.CloseWrite();
+  hold.CloseRead();
+  auto line = ReadLine(ready.read_fd(), milliseconds(10000));
+  ASSERT_TRUE(line.has_value()) << "child did not report";
+  const int64_t child_gen = ParseGeneration(*line);
+  ASSERT_GT(child_gen, 0) << *line;
+
+  ASSERT_EQ(::kill(child.pid(), SIGKILL), 0);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  auto t0 = Clock::now();
+  auto w = store->OpenWriter(Wait(milliseconds(2000)));
+  auto took = Clock::now() - t0;
+  ASSERT_TRUE(w.ok()) << "the lock of a SIGKILLed writer was not released: " << w.status();
+  EXPECT_LT(took, milliseconds(1500));
+  EXPECT_GT((*w)->generation(), child_gen);
+  EXPECT_GE((*w)->stale_temps_removed(), 1u)
+      << "the dead writer's temp object should be removed";
+
+  auto status = child.Wait(milliseconds(5000));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL);
+  // The killed save never became visible.
+  auto step = store->OpenStep(7);
+  EXPECT_EQ(step.status().code(), Code::kNotFound) << step.status();
+}
+
+TEST_F(WriterLockTest, RacingProcessesExactlyOneWins) {
+  constexpr int kChildren = 4;
+  constexpr int kRounds = 5;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Pipe go, release;
+    ASSERT_TRUE(go.ok() && release.ok());
+    std::vector<Child> children;
+    for (int i = 0; i < kChildren; ++i) {
+      children.push_back(Child::Start([&] {
+        go.CloseWrite();
+        release.CloseWrite();
+        auto store = OpenStore(path_);
+        if (!store.ok()) return kChildOtherError;
+        if (!WaitForEof(go.read_fd(), milliseconds(10000))) return kChildOtherError;
+        auto w = (*store)->OpenWriter(Wait(milliseconds(0)));
+        if (!w.ok()) return ChildCodeFor(w.status());
+        // Hold it at least 500 ms, and until the parent has seen every
+        // loser leave (at most 2 s), so that every other child tried while
+        // this one held the lock.
+        const auto t0 = Clock::now();
+        WaitForEof(release.read_fd(), milliseconds(2000));
+        auto held = Clock::now() - t0;
+        if (held < milliseconds(500)) std::this_thread::sleep_for(milliseconds(500) - held);
+        return kChildGotWriter;
+      }));
+      ASSERT_TRUE(children.back().started());
+    }
+    go.CloseRead();
+    release.CloseRead();
+    go.CloseWrite();  // go!
+
+    std::vector<int> codes(kChildren, -1);
+    int done = 0;
+    const auto deadline = Clock::now() + milliseconds(10000);
+    while (done < kChildren && Clock::now() < deadline) {
+      for (int i = 0; i < kChildren; ++i) {
+        if (codes[i] != -1) continue;
+        auto s = children[i].Wait(milliseconds(0));
+        if (!s) continue;
+        codes[i] = WIFEXITED(*s) ? WEXITSTATUS(*s) : 128 + WTERMSIG(*s);
+        ++done;
+      }
+      if (done >= kChildren - 1) release.CloseWrite();
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    ASSERT_EQ(done, kChildren) << "children still running after 10 s";
+    int winners = 0, refused = 0;
+    for (int c : codes) {
+      winners += c == kChildGotWriter;
+      refused += c == kChildRefused;
+    }
+    std::string all;
+    for (int c : codes) all += std::to_string(c) + " ";
+    EXPECT_EQ(winners, 1) << "exit codes: " << all;
+    EXPECT_EQ(refused, kChildren - 1) << "exit codes: " << all;
+  }
+}
+
+TEST_F(WriterLockTest, SecondWriterInTheSameProcessIsRefused) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto first, store->OpenWriter(WriterOptions{}));
+  const int64_t g1 = first->generation();
+
+  auto again = store->OpenWriter(WriterOptions{});
+  ASSERT_FALSE(again.ok()) << "a second writer on the same Store";
+  EXPECT_EQ(again.status().code(), Code::kFailedPrecondition) << again.status();
+  EXPECT_NE(again.status().message().find("already has a writer"), std::string::npos)
+      << again.status();
+
+  // Another Store object on the same path, with its own backend instance,
+  // under various spellings of the path.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, OpenStore("file://" + path_));
+  auto waited = other->OpenWriter(Wait(milliseconds(100)));
+  ASSERT_FALSE(waited.ok()) << "a second writer through another Store";
+  EXPECT_EQ(waited.status().code(), Code::kFailedPrecondition) << waited.status();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(path_ + "/./"));
+  Store raw(std::shared_ptr<StorageBackend>(std::move(backend)));
+  auto third = raw.OpenWriter(WriterOptions{});
+  ASSERT_FALSE(third.ok()) << "a second writer through a fresh backend";
+  EXPECT_EQ(third.status().code(), Code::kFailedPrecondition) << third.status();
+
+  // The refusals did not drop the kernel lock the first writer holds.
+  EXPECT_EQ(LockHolderSeenByAnotherProcess(path_), ::getpid())
+      << "the first writer no longer holds the fcntl lock on .lock";
+
+  first.reset();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto second, other->OpenWriter(WriterOptions{}));
+  EXPECT_GT(second->generation(), g1);
+  second.reset();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto back, store->OpenWriter(WriterOptions{}));
+  EXPECT_GT(back->generation(), g1 + 1);
+}
+
+// A store reached through a symlink is the same store: a second writer in
+// this process must be refused, and trying must not drop the kernel lock
+// the first writer holds (closing any descriptor of .lock drops it).
+TEST_F(WriterLockTest, SameProcessThroughSymlinkIsRefusedAndKeepsTheLock) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto first, store->OpenWriter(WriterOptions{}));
+  const std::string link = tmp_.Sub("link");
+  ASSERT_EQ(::symlink(path_.c_str(), link.c_str()), 0) << std::strerror(errno);
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto via_link, OpenStore(link));
+  {
+    auto second = via_link->OpenWriter(WriterOptions{});
+    EXPECT_FALSE(second.ok()) << "two live writers in one process, through a symlink";
+    if (!second.ok()) {
+      EXPECT_EQ(second.status().code(), Code::kFailedPrecondition) << second.status();
+    }
+  }
+  EXPECT_EQ(LockHolderSeenByAnotherProcess(path_), ::getpid())
+      << "after OpenWriter through the link, the first writer's fcntl lock is gone";
+}
+
+// Store::Check probes the lock; through a symlink it must still see the
+// live writer and leave its lock in place.
+TEST_F(WriterLockTest, CheckThroughSymlinkKeepsTheWritersLock) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto first, store->OpenWriter(WriterOptions{}));
+  ASSERT_NO_FATAL_FAILURE(CommitStep(*first, 0));
+  const std::string link = tmp_.Sub("link");
+  ASSERT_EQ(::symlink(path_.c_str(), link.c_str()), 0) << std::strerror(errno);
+  ASSERT_EQ(LockHolderSeenByAnotherProcess(path_), ::getpid());
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto via_link, OpenStore(link));
+  auto check = via_link->Check({}, /*verify_data=*/false);
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_TRUE(check->writer_active) << "Check did not see the live writer";
+  EXPECT_EQ(LockHolderSeenByAnotherProcess(path_), ::getpid())
+      << "after Check through the link, the writer's fcntl lock is gone";
+}
+
+TEST_F(WriterLockTest, WaiterGetsTheLockWhenTheHolderExits) {
+  Pipe ready;
+  ASSERT_TRUE(ready.ok());
+  Child child = Child::Start([&] {
+    ready.CloseRead();
+    auto store = OpenStore(path_);
+    if (!store.ok()) return kChildOtherError;
+    auto w = (*store)->OpenWriter(WriterOptions{});
+    WriteLine(ready.write_fd(), Report(w));
+    if (!w.ok()) return ChildCodeFor(w.status());
+    std::this_thread::sleep_for(milliseconds(300));
+    return kChildGotWriter;
+  });
+  ASSERT_TRUE(child.started());
+  ready.CloseWrite();
+  auto line = ReadLine(ready.read_fd(), milliseconds(10000));
+  ASSERT_TRUE(line.has_value()) << "child did not report";
+  const int64_t child_gen = ParseGeneration(*line);
+  ASSERT_GT(child_gen, 0) << *line;
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  auto t0 = Clock::now();
+  auto w = store->OpenWriter(Wait(milliseconds(5000)));
+  auto took = Clock::now() - t0;
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_GE(took, milliseconds(100)) << "got the lock while the child still held it";
+  EXPECT_LT(took, milliseconds(4000));
+  EXPECT_GT((*w)->generation(), child_gen);
+  EXPECT_EQ(child.ExitCode(milliseconds(5000)), kChildGotWriter);
+}
+
+TEST_F(WriterLockTest, FencedWriterCannotCommit) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w1, store->OpenWriter(WriterOptions{}));
+  const int64_t g = w1->generation();
+  ASSERT_NO_FATAL_FAILURE(CommitStep(*w1, 0));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest_before, store->ReadLatest());
+  ASSERT_TRUE(latest_before.has_value());
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w1->Begin(1));
+  const std::string data = RandomBytes(5000, 1);
+  CKPTIO_ASSERT_OK(pending->PutObject("a.bin", data.data(), data.size()));
+
+  // A newer writer claims the store (as if it took over after a lease ran
+  // out), through a backend of its own.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, NewPosixBackend(path_));
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto rec, other->NewObject(kWriterKey, WriteMode::kReplace));
+    const std::string bytes = SerializeWriterRecord({g + 1, "otherhost", 4242, 0});
+    CKPTIO_ASSERT_OK(rec->Append(bytes.data(), bytes.size()));
+    CKPTIO_ASSERT_OK(rec->Commit());
+  }
+
+  auto committed = pending->Commit();
+  ASSERT_FALSE(committed.ok()) << "a fenced writer committed step 1";
+  EXPECT_EQ(committed.status().code(), Code::kAborted) << committed.status();
+  EXPECT_NE(committed.status().message().find("fenced"), std::string::npos)
+      << committed.status();
+  pending.reset();
+
+  auto step = store->OpenStep(1);
+  EXPECT_EQ(step.status().code(), Code::kNotFound) << step.status();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest_after, store->ReadLatest());
+  ASSERT_TRUE(latest_after.has_value());
+  EXPECT_EQ(latest_after->step, latest_before->step);
+  EXPECT_EQ(latest_after->generation, latest_before->generation);
+  EXPECT_EQ(latest_after->manifest_hash, latest_before->manifest_hash);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store->ListSteps());
+  for (const auto& s : steps)
+    EXPECT_FALSE(s.step == 1 && s.state == StepState::kCommitted) << "step 1 is listed";
+
+  // It stays fenced: the next save fails the same way.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto next, w1->Begin(2));
+  CKPTIO_ASSERT_OK(next->PutObject("a.bin", data.data(), data.size()));
+  auto again = next->Commit();
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), Code::kAborted) << again.status();
+  next.reset();
+  EXPECT_EQ(store->OpenStep(2).status().code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace ckptio

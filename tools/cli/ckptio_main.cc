@@ -1,0 +1,431 @@
+// ckptio: inspect, verify, repair and trim checkpoint stores.
+//
+// Exit codes: 0 all good, 1 something is bad (or an operation failed),
+// 2 usage error.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "ckptio/ckptio.h"
+#include "text.h"
+
+namespace ckptio {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kExitOk = 0;
+constexpr int kExitBad = 1;
+constexpr int kExitUsage = 2;
+
+int Fail(const Status& s) {
+  std::cerr << "ckptio: " << s << "\n";
+  return s.code() == Code::kInvalidArgument ? kExitUsage : kExitBad;
+}
+
+std::string FormatTime(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// A progress bar on stderr, drawn only when stderr is a terminal.
+class Progress {
+ public:
+  explicit Progress(uint64_t total) : total_(total), enabled_(::isatty(2) && total > 0) {}
+  ~Progress() {
+    if (enabled_ && drawn_) std::cerr << "\r\033[K" << std::flush;
+  }
+  ProgressFn Fn() {
+    return [this](uint64_t n) { Add(n); };
+  }
+  void Add(uint64_t n) {
+    done_ += n;
+    if (!enabled_) return;
+    auto now = std::chrono::steady_clock::now();
+    if (drawn_ && now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
+    last_ = now;
+    drawn_ = true;
+    constexpr int kWidth = 30;
+    int filled = static_cast<int>(kWidth * done_ / total_);
+    std::cerr << fmt::format("\r[{:<{}}] {:3}% {} / {}", std::string(filled, '#'), kWidth,
+                             100 * done_ / total_, HumanBytes(done_), HumanBytes(total_))
+              << std::flush;
+  }
+
+ private:
+  uint64_t total_;
+  uint64_t done_ = 0;
+  bool enabled_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point last_;
+};
+
+Result<uint64_t> CommittedBytes(Store& store) {
+  CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
+  uint64_t total = 0;
+  for (const auto& s : steps)
+    if (s.state == StepState::kCommitted) total += s.bytes;
+  return total;
+}
+
+// Parses "latest" or a step number.
+Result<int64_t> ResolveStep(Store& store, const std::string& text) {
+  if (text == "latest") {
+    CKPTIO_ASSIGN_OR_RETURN(auto latest, store.ReadLatest());
+    if (!latest) return Status(Code::kNotFound, "store " + store.uri() + " has no LATEST");
+    return latest->step;
+  }
+  try {
+    size_t used = 0;
+    long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= 0 && v <= kMaxStep) return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+  }
+  return Status(Code::kInvalidArgument,
+                "step must be a number in [0, 999999999999] or \"latest\", got \"" +
+                    Printable(text) + "\"");
+}
+
+struct StepVerdict {
+  int64_t step;
+  std::vector<std::string> errors;  // empty when the step verifies
+};
+
+// Verifies every object of a step, collecting every problem (not just the
+// first) so that the report names all the damage.
+StepVerdict VerifyStep(Store& store, int64_t step, Progress& progress) {
+  StepVerdict v{step, {}};
+  auto reader = store.OpenStep(step);
+  if (!reader.ok()) {
+    v.errors.push_back(reader.status().ToString());
+    return v;
+  }
+  for (const auto& o : (*reader)->manifest().objects) {
+    Status s = (*reader)->VerifyObject(o.name, progress.Fn());
+    if (!s.ok()) v.errors.push_back(s.ToString());
+  }
+  return v;
+}
+
+int CmdLs(const std::string& uri, bool verify, bool as_json) {
+  auto store = OpenStore(uri);
+  if (!store.ok()) return Fail(store.status());
+  auto steps = (*store)->ListSteps();
+  if (!steps.ok()) return Fail(steps.status());
+  auto latest = (*store)->ReadLatest();
+  std::optional<int64_t> latest_step;
+  if (latest.ok() && latest->has_value()) latest_step = (*latest)->step;
+  std::optional<Progress> progress;
+  if (verify) {
+    auto total = CommittedBytes(**store);
+    progress.emplace(total.ok() ? *total : 0);
+  }
+  bool all_good = true;
+  json out = json::array();
+  if (!as_json)
+    std::cout << fmt::format("{:>14}  {:<10} {:>10}  {:<20}  {}\n", "STEP", "STATE", "SIZE",
+                             "CREATED (UTC)", "");
+  for (auto& s : *steps) {
+    std::string problem = s.problem;
+    if (verify && s.state == StepState::kCommitted) {
+      StepVerdict v = VerifyStep(**store, s.step, *progress);
+      if (!v.errors.empty()) {
+        s.state = StepState::kCorrupt;
+        problem = v.errors.front();
+      }
+    }
+    if (s.state != StepState::kCommitted) all_good = false;
+    bool is_latest = latest_step && *latest_step == s.step;
+    if (as_json) {
+      json j = {{"step", s.step},
+                {"state", StepStateName(s.state)},
+                {"bytes", s.bytes},
+                {"created_unix_ms", s.created_unix_ms},
+                {"latest", is_latest}};
+      if (!problem.empty()) j["problem"] = problem;
+      out.push_back(j);
+    } else {
+      std::cout << fmt::format("{:>14}  {:<10} {:>10}  {:<20}  {}\n", s.step,
+                               StepStateName(s.state), HumanBytes(s.bytes),
+                               FormatTime(s.created_unix_ms), is_latest ? "<- LATEST" : "");
+      if (!problem.empty()) std::cout << "                " << problem << "\n";
+    }
+  }
+  if (as_json) {
+    std::cout << json{{"store", (*store)->uri()}, {"steps", out}}.dump(2) << "\n";
+  } else if (steps->empty()) {
+    std::cout << "(no checkpoints in " << (*store)->uri() << ")\n";
+  }
+  if (!latest.ok()) {
+    std::cerr << "ckptio: " << latest.status() << "\n";
+    return kExitBad;
+  }
+  return verify && !all_good ? kExitBad : kExitOk;
+}
+
+int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bool as_json) {
+  auto store = OpenStore(uri);
+  if (!store.ok()) return Fail(store.status());
+  std::vector<int64_t> targets;
+  std::vector<StepVerdict> verdicts;
+  if (all) {
+    auto steps = (*store)->ListSteps();
+    if (!steps.ok()) return Fail(steps.status());
+    for (const auto& s : *steps) {
+      if (s.state == StepState::kTorn) continue;  // never committed; fsck reports it
+      targets.push_back(s.step);
+    }
+    if (targets.empty()) {
+      std::cerr << "ckptio: no committed steps in " << (*store)->uri() << "\n";
+      return kExitBad;
+    }
+  } else {
+    auto step = ResolveStep(**store, step_text.empty() ? "latest" : step_text);
+    if (!step.ok()) return Fail(step.status());
+    targets.push_back(*step);
+    if (step_text.empty() || step_text == "latest") {
+      // Also check that LATEST matches the manifest it names.
+      auto reader = (*store)->OpenLatest();
+      if (!reader.ok() && reader.status().code() == Code::kDataLoss)
+        verdicts.push_back({*step, {reader.status().ToString()}});
+    }
+  }
+  uint64_t total = 0;
+  for (int64_t step : targets) {
+    auto reader = (*store)->OpenStep(step);
+    if (reader.ok()) total += (*reader)->manifest().TotalBytes();
+  }
+  Progress progress(total);
+  for (int64_t step : targets) {
+    StepVerdict v = VerifyStep(**store, step, progress);
+    auto it = std::find_if(verdicts.begin(), verdicts.end(),
+                           [&](const StepVerdict& x) { return x.step == step; });
+    if (it != verdicts.end())
+      it->errors.insert(it->errors.end(), v.errors.begin(), v.errors.end());
+    else
+      verdicts.push_back(std::move(v));
+  }
+  bool ok = true;
+  json out = json::array();
+  for (const auto& v : verdicts) {
+    ok = ok && v.errors.empty();
+    if (as_json) {
+      out.push_back({{"step", v.step}, {"ok", v.errors.empty()}, {"errors", v.errors}});
+    } else if (v.errors.empty()) {
+      std::cout << "step " << v.step << ": OK\n";
+    } else {
+      std::cout << "step " << v.step << ": BAD\n";
+      for (const auto& e : v.errors) std::cout << "  " << e << "\n";
+    }
+  }
+  if (as_json)
+    std::cout << json{{"store", (*store)->uri()}, {"ok", ok}, {"steps", out}}.dump(2) << "\n";
+  else
+    std::cout << (ok ? "all verified steps are good\n"
+                     : "corruption found: run `ckptio fsck --repair " + uri +
+                           "` to retire bad steps\n");
+  return ok ? kExitOk : kExitBad;
+}
+
+int CmdInspect(const std::string& uri, const std::string& step_text, bool as_json) {
+  auto store = OpenStore(uri);
+  if (!store.ok()) return Fail(store.status());
+  auto step = ResolveStep(**store, step_text);
+  if (!step.ok()) return Fail(step.status());
+  auto reader = (*store)->OpenStep(*step);
+  if (!reader.ok()) return Fail(reader.status());
+  const Manifest& m = (*reader)->manifest();
+  if (as_json) {
+    json objects = json::array();
+    for (const auto& o : m.objects)
+      objects.push_back({{"name", o.name},
+                         {"size", o.size},
+                         {"chunk_size", o.chunk_size},
+                         {"chunks", o.chunks.size()},
+                         {"xxh3_128", o.hash.Hex()}});
+    std::cout << json{{"store", (*store)->uri()},
+                      {"step", m.step},
+                      {"generation", m.generation},
+                      {"world_size", m.world_size},
+                      {"saving_rank", m.saving_rank},
+                      {"created_unix_ms", m.created_unix_ms},
+                      {"writer", m.writer},
+                      {"manifest_xxh3_128", (*reader)->manifest_hash().Hex()},
+                      {"bytes", m.TotalBytes()},
+                      {"objects", objects},
+                      {"metadata", m.metadata}}
+                     .dump(2)
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << fmt::format(
+      "store       {}\nstep        {}\ngeneration  {}\nranks       saved by rank {} of {}\n"
+      "created     {}\nwriter      {}\nmanifest    xxh3-128 {}\nsize        {} in {} "
+      "object(s)\n\n",
+      (*store)->uri(), m.step, m.generation, m.saving_rank, m.world_size,
+      FormatTime(m.created_unix_ms), m.writer, (*reader)->manifest_hash().Hex(),
+      HumanBytes(m.TotalBytes()), m.objects.size());
+  std::cout << fmt::format("{:<32} {:>12} {:>7}  {}\n", "OBJECT", "SIZE", "CHUNKS", "XXH3-128");
+  for (const auto& o : m.objects)
+    std::cout << fmt::format("{:<32} {:>12} {:>7}  {}\n", o.name, HumanBytes(o.size),
+                             o.chunks.size(), o.hash.Hex());
+  if (!m.metadata.empty()) {
+    std::cout << "\nMETADATA\n";
+    for (const auto& [k, v] : m.metadata)
+      std::cout << "  " << Printable(k) << " = " << Printable(v) << "\n";
+  }
+  return kExitOk;
+}
+
+json ReportJson(const FsckReport& r) {
+  json problems = json::array();
+  for (const auto& p : r.problems) {
+    json j = {{"kind", FsckKindName(p.kind)}, {"detail", p.detail}};
+    if (p.step >= 0) j["step"] = p.step;
+    problems.push_back(j);
+  }
+  json out = {{"clean", r.clean()},
+              {"writer_active", r.writer_active},
+              {"good_steps", r.good_steps},
+              {"problems", problems},
+              {"repairs", r.repairs}};
+  out["latest"] = r.latest ? json(*r.latest) : json(nullptr);
+  return out;
+}
+
+void PrintReport(const FsckReport& r) {
+  for (const auto& rep : r.repairs) std::cout << "repaired: " << rep << "\n";
+  for (const auto& p : r.problems) {
+    std::cout << FsckKindName(p.kind);
+    if (p.step >= 0) std::cout << " step " << p.step;
+    std::cout << ": " << p.detail << "\n";
+  }
+  std::cout << r.good_steps.size() << " good step(s)";
+  if (r.latest) std::cout << ", LATEST = " << *r.latest;
+  if (r.writer_active) std::cout << ", a writer is active";
+  std::cout << "\n";
+}
+
+int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
+  auto store = OpenStore(uri);
+  if (!store.ok()) return Fail(store.status());
+  auto total = CommittedBytes(**store);
+  if (!total.ok()) return Fail(total.status());
+  Progress progress(*total);
+  Result<FsckReport> report = Status(Code::kInternal, "unset");
+  if (repair) {
+    WriterOptions wo;
+    wo.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
+    auto writer = (*store)->OpenWriter(wo);
+    if (!writer.ok()) return Fail(writer.status());
+    report = (*writer)->Repair(progress.Fn());
+  } else {
+    report = (*store)->Check(progress.Fn());
+  }
+  if (!report.ok()) return Fail(report.status());
+  if (as_json) {
+    json j = ReportJson(*report);
+    j["store"] = (*store)->uri();
+    std::cout << j.dump(2) << "\n";
+  } else {
+    PrintReport(*report);
+    std::cout << (report->clean() ? "store is clean\n"
+                                  : repair ? "problems remain after repair\n"
+                                           : "problems found: run `ckptio fsck --repair " +
+                                                 uri + "` to fix them\n");
+  }
+  return report->clean() ? kExitOk : kExitBad;
+}
+
+int CmdGc(const std::string& uri, int keep, double wait_s) {
+  auto store = OpenStore(uri);
+  if (!store.ok()) return Fail(store.status());
+  WriterOptions wo;
+  wo.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
+  auto writer = (*store)->OpenWriter(wo);
+  if (!writer.ok()) return Fail(writer.status());
+  auto deleted = (*writer)->CollectGarbage(keep);
+  if (!deleted.ok()) return Fail(deleted.status());
+  for (int64_t s : *deleted) std::cout << "deleted step " << s << "\n";
+  std::cout << deleted->size() << " step(s) deleted, newest " << keep << " kept\n";
+  return kExitOk;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"ckptio: inspect, verify, repair and trim checkpoint stores.\n"
+               "STORE is file:///abs/path or a plain path."};
+  app.require_subcommand(1);
+  std::string uri, step;
+  bool as_json = false, verify = false, all = false, repair = false;
+  int keep = 0;
+  double wait_s = 0;
+
+  auto* ls = app.add_subcommand("ls", "List steps with their state, size and time");
+  ls->add_option("STORE", uri, "store URI or path")->required();
+  ls->add_flag("--verify", verify, "read and check every byte (marks bad steps corrupt)");
+  ls->add_flag("--json", as_json, "machine-readable output");
+
+  auto* ver = app.add_subcommand(
+      "verify", "Check every byte of a step (default: LATEST) or of all steps; exit 1 if bad");
+  ver->add_option("STORE", uri, "store URI or path")->required();
+  auto* step_opt = ver->add_option("STEP", step, "step number or \"latest\"");
+  ver->add_flag("--all", all, "verify every committed step")->excludes(step_opt);
+  ver->add_flag("--json", as_json, "machine-readable output");
+
+  auto* insp = app.add_subcommand("inspect", "Show a step's manifest: objects, hashes, metadata");
+  insp->add_option("STORE", uri, "store URI or path")->required();
+  insp->add_option("STEP", step, "step number or \"latest\"")->required();
+  insp->add_flag("--json", as_json, "machine-readable output");
+
+  auto* fsck = app.add_subcommand(
+      "fsck", "Report torn steps, corrupt steps, stale temp files and a bad LATEST");
+  fsck->add_option("STORE", uri, "store URI or path")->required();
+  fsck->add_flag("--repair", repair,
+                 "fix them: repoint LATEST at the newest good step, delete corrupt and torn "
+                 "steps and stale temps (never a step that verifies)");
+  fsck->add_flag("--json", as_json, "machine-readable output");
+  fsck->add_option("--wait", wait_s, "seconds to wait for the writer lock with --repair")
+      ->check(CLI::NonNegativeNumber);
+
+  auto* gc = app.add_subcommand("gc", "Delete all but the newest N committed steps");
+  gc->add_option("STORE", uri, "store URI or path")->required();
+  gc->add_option("--keep", keep, "how many newest steps to keep (the LATEST one always stays)")
+      ->required()
+      ->check(CLI::Range(1, 1000000));
+  gc->add_option("--wait", wait_s, "seconds to wait for the writer lock")
+      ->check(CLI::NonNegativeNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    (void)app.exit(e);
+    return kExitUsage;
+  }
+  if (*ls) return CmdLs(uri, verify, as_json);
+  if (*ver) return CmdVerify(uri, step, all, as_json);
+  if (*insp) return CmdInspect(uri, step, as_json);
+  if (*fsck) return CmdFsck(uri, repair, as_json, wait_s);
+  if (*gc) return CmdGc(uri, keep, wait_s);
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace ckptio
+
+int main(int argc, char** argv) { return ckptio::Main(argc, argv); }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Shared set-up of tools/demo.sh and tools/test.sh: installs the Debian
+# packages that are missing (apt-get, as root or through sudo), then
+# configures and builds ckptio into ./build. Idempotent: when nothing is
+# missing and nothing changed, it only asks ninja, which does nothing.
+set -euo pipefail
+
+CKPTIO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${CKPTIO_BUILD_DIR:-$CKPTIO_ROOT/build}
+export CKPTIO_ROOT BUILD_DIR
+
+PACKAGES=(
+  cmake ninja-build g++ ccache pkg-config
+  libboost-filesystem-dev libboost-dev   # Boost.Filesystem, Boost.Interprocess
+  libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+  libgtest-dev libgmock-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing missing Debian packages: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# ccache persists between runs; these settings let it serve precompiled headers.
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  cmake -S "$CKPTIO_ROOT" -B "$BUILD_DIR" -G Ninja ${CKPTIO_CMAKE_ARGS:-} >/dev/null
+fi
+echo "setup: building into $BUILD_DIR"
+cmake --build "$BUILD_DIR" -- -j"$(nproc)"
