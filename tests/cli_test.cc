@@ -307,13 +307,23 @@ TEST_F(CliTest, MissingStoreExitsOneWithMessage) {
   for (const auto& args : cases) {
     RunResult r = Ckptio(args);
     EXPECT_EQ(r.exit_code, 1) << "ckptio " << Join(args) << "\n" << r;
-    EXPECT_NE(r.err.find(missing), std::string::npos)
+    EXPECT_NE(r.all().find(missing), std::string::npos)
         << "the error should name the store\n"
         << r;
     struct stat st;
     EXPECT_NE(::stat(missing.c_str(), &st), 0)
         << "ckptio " << Join(args) << " created the missing store";
   }
+}
+
+// A typo in the store path is not corruption: the report must not send
+// the user to `fsck --repair` over a store that does not exist.
+TEST_F(CliTest, VerifyStepOnMissingStoreDoesNotClaimCorruption) {
+  const std::string missing = tmp_.Sub("no-such-store");
+  RunResult r = Ckptio({"verify", missing, "10"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_EQ(r.all().find("corruption found"), std::string::npos) << r;
+  EXPECT_NE(r.all().find("no store"), std::string::npos) << r;
 }
 
 // gc on a path that holds no store must not create one and report success

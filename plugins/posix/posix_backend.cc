@@ -89,32 +89,35 @@ std::string HostName() {
   return h.substr(0, 32);
 }
 
-// Locks held by this process, by path: fcntl locks are per process, so
-// without this a second writer in the same process would "succeed".
+// Locks held by this process, by the lock file's device and inode (the same
+// file may be reached through different paths): fcntl locks belong to the
+// process, so without this a second writer in the same process would
+// "succeed", and opening and closing the file would drop the first's lock.
+using FileId = std::pair<dev_t, ino_t>;
 std::mutex& HeldLocksMutex() {
   static std::mutex m;
   return m;
 }
-std::set<std::string>& HeldLocks() {
-  static std::set<std::string> s;
+std::set<FileId>& HeldLocks() {
+  static std::set<FileId> s;
   return s;
 }
 
 class PosixLock : public BackendLock {
  public:
-  PosixLock(std::string path, boost::interprocess::file_lock lock)
-      : path_(std::move(path)), lock_(std::move(lock)) {}
+  PosixLock(FileId id, boost::interprocess::file_lock lock)
+      : id_(id), lock_(std::move(lock)) {}
   ~PosixLock() override {
     try {
       lock_.unlock();
     } catch (...) {
     }
     std::lock_guard<std::mutex> g(HeldLocksMutex());
-    HeldLocks().erase(path_);
+    HeldLocks().erase(id_);
   }
 
  private:
-  std::string path_;
+  FileId id_;
   boost::interprocess::file_lock lock_;
 };
 
@@ -379,23 +382,34 @@ class PosixBackend : public StorageBackend {
     SplitKey(key, &dirs, &base);
     std::string path = DirPath(dirs) + "/" + base;
     std::lock_guard<std::mutex> g(HeldLocksMutex());
-    // Checked before the file is opened: opening and closing it here would
-    // drop the lock this process already holds.
-    if (HeldLocks().count(path))
-      return Status(Code::kFailedPrecondition,
-                    path + " is already locked by this process");
     CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, true));
-    int fd = ::openat(dir.get(), base.c_str(),
-                      O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return ErrnoToStatus(errno, "open lock file " + path);
-    ::close(fd);  // safe: this process holds no lock on it (checked above)
+    // Identify the file with fstatat, which opens nothing: opening and
+    // closing it would drop a lock this process already holds.
+    struct stat st;
+    if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) return ErrnoToStatus(errno, "stat lock file " + path);
+      int fd = ::openat(dir.get(), base.c_str(),
+                        O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0 && errno != EEXIST) return ErrnoToStatus(errno, "create lock file " + path);
+      if (fd >= 0) {
+        ::close(fd);  // a new file: nobody in this process holds a lock on it
+        CKPTIO_RETURN_IF_ERROR(SyncFd(dir.get(), DirPath(dirs)));
+      }
+      if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return ErrnoToStatus(errno, "stat lock file " + path);
+    }
+    if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "open lock file " + path);
+    if (!S_ISREG(st.st_mode))
+      return Status(Code::kFailedPrecondition, path + " is not a regular file");
+    const FileId id{st.st_dev, st.st_ino};
+    if (HeldLocks().count(id))
+      return Status(Code::kFailedPrecondition, path + " is already locked by this process");
     try {
       boost::interprocess::file_lock lock(path.c_str());
       if (!lock.try_lock())
-        return Status(Code::kFailedPrecondition,
-                      path + " is locked by another process");
-      HeldLocks().insert(path);
-      return std::unique_ptr<BackendLock>(std::make_unique<PosixLock>(path, std::move(lock)));
+        return Status(Code::kFailedPrecondition, path + " is locked by another process");
+      HeldLocks().insert(id);
+      return std::unique_ptr<BackendLock>(std::make_unique<PosixLock>(id, std::move(lock)));
     } catch (const boost::interprocess::interprocess_exception& e) {
       return Status(Code::kUnavailable, "lock " + path + ": " + e.what());
     }

@@ -72,6 +72,14 @@ class Progress {
   std::chrono::steady_clock::time_point last_;
 };
 
+// Opens a store that must already exist: reading, repairing or trimming a
+// mistyped path must not create an empty store.
+Result<std::unique_ptr<Store>> OpenExisting(const std::string& uri) {
+  CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(uri));
+  CKPTIO_RETURN_IF_ERROR(store->backend().List("").status());  // NotFound: no store
+  return store;
+}
+
 Result<uint64_t> CommittedBytes(Store& store) {
   CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
   uint64_t total = 0;
@@ -120,7 +128,7 @@ StepVerdict VerifyStep(Store& store, int64_t step, Progress& progress) {
 }
 
 int CmdLs(const std::string& uri, bool verify, bool as_json) {
-  auto store = OpenStore(uri);
+  auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
   auto steps = (*store)->ListSteps();
   if (!steps.ok()) return Fail(steps.status());
@@ -176,7 +184,7 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
 }
 
 int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bool as_json) {
-  auto store = OpenStore(uri);
+  auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
   std::vector<int64_t> targets;
   std::vector<StepVerdict> verdicts;
@@ -194,6 +202,8 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
   } else {
     auto step = ResolveStep(**store, step_text.empty() ? "latest" : step_text);
     if (!step.ok()) return Fail(step.status());
+    auto exists = (*store)->OpenStep(*step);
+    if (!exists.ok() && exists.status().code() == Code::kNotFound) return Fail(exists.status());
     targets.push_back(*step);
     if (step_text.empty() || step_text == "latest") {
       // Also check that LATEST matches the manifest it names.
@@ -240,7 +250,7 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
 }
 
 int CmdInspect(const std::string& uri, const std::string& step_text, bool as_json) {
-  auto store = OpenStore(uri);
+  auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
   auto step = ResolveStep(**store, step_text);
   if (!step.ok()) return Fail(step.status());
@@ -319,7 +329,7 @@ void PrintReport(const FsckReport& r) {
 }
 
 int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
-  auto store = OpenStore(uri);
+  auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
   auto total = CommittedBytes(**store);
   if (!total.ok()) return Fail(total.status());
@@ -350,7 +360,7 @@ int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
 }
 
 int CmdGc(const std::string& uri, int keep, double wait_s) {
-  auto store = OpenStore(uri);
+  auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
   WriterOptions wo;
   wo.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
