@@ -1,29 +1,28 @@
+#include "ckptio/backend.h"
+
 #include <algorithm>
 #include <cctype>
 #include <string>
 
-#include "ckptio/backend.h"
 #include "text.h"
 
 namespace ckptio {
 
 namespace {
 bool IsKeyChar(char c) {  // ASCII only, whatever the locale
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '.' || c == '_' || c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
 }
 
 bool IsSchemeChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' ||
-         c == '.' || c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '.' || c == '-';
 }
 }  // namespace
 
 Status ValidateKey(std::string_view key) {
   auto bad = [&](std::string_view why) {
     return Status(Code::kInvalidArgument,
-                  "invalid object key \"" + Printable(key) + "\": " +
-                      std::string(why));
+                  "invalid object key \"" + Printable(key) + "\": " + std::string(why));
   };
   if (key.empty()) return bad("empty");
   if (key.size() > kMaxKeyLength) return bad("longer than 1024 bytes");
@@ -31,15 +30,12 @@ Status ValidateKey(std::string_view key) {
   size_t start = 0;
   while (true) {
     size_t end = key.find('/', start);
-    std::string_view part =
-        key.substr(start, end == std::string_view::npos ? end : end - start);
+    std::string_view part = key.substr(start, end == std::string_view::npos ? end : end - start);
     if (part.empty()) return bad("empty path component");
     if (part == "." || part == "..") return bad("'.' and '..' are not allowed");
-    if (part.size() > kMaxKeyComponent)
-      return bad("a component is longer than 200 bytes");
+    if (part.size() > kMaxKeyComponent) return bad("a component is longer than 200 bytes");
     for (char c : part) {
-      if (!IsKeyChar(c))
-        return bad("only [A-Za-z0-9._-] and '/' between components are allowed");
+      if (!IsKeyChar(c)) return bad("only [A-Za-z0-9._-] and '/' between components are allowed");
     }
     if (end == std::string_view::npos) break;
     start = end + 1;
@@ -56,8 +52,7 @@ Status ValidatePrefix(std::string_view prefix) {
 Result<Uri> Uri::Parse(std::string_view text) {
   auto bad = [&](std::string_view why) {
     return Status(Code::kInvalidArgument,
-                  "invalid store URI \"" + Printable(text) + "\": " +
-                      std::string(why));
+                  "invalid store URI \"" + Printable(text) + "\": " + std::string(why));
   };
   if (text.empty()) return bad("empty");
   if (text.find('\0') != std::string_view::npos) return bad("contains NUL");
@@ -101,11 +96,9 @@ Result<Uri> Uri::Parse(std::string_view text) {
 }
 
 Status BackendRegistry::Register(std::string scheme, BackendFactory factory) {
-  if (scheme.empty() ||
-      !std::all_of(scheme.begin(), scheme.end(), IsSchemeChar))
+  if (scheme.empty() || !std::all_of(scheme.begin(), scheme.end(), IsSchemeChar))
     return Status(Code::kInvalidArgument,
-                  "backend scheme \"" + Printable(scheme) +
-                      "\" must be lowercase [a-z0-9+.-]");
+                  "backend scheme \"" + Printable(scheme) + "\" must be lowercase [a-z0-9+.-]");
   if (factories_.count(scheme))
     return Status(Code::kAlreadyExists,
                   "a backend is already registered for scheme \"" + scheme + "\"");
@@ -113,17 +106,15 @@ Status BackendRegistry::Register(std::string scheme, BackendFactory factory) {
   return OkStatus();
 }
 
-Result<std::unique_ptr<StorageBackend>> BackendRegistry::Open(
-    std::string_view text) const {
+Result<std::unique_ptr<StorageBackend>> BackendRegistry::Open(std::string_view text) const {
   CKPTIO_ASSIGN_OR_RETURN(Uri uri, Uri::Parse(text));
   auto it = factories_.find(uri.scheme);
   if (it == factories_.end()) {
     std::string known;
     for (const auto& s : Schemes()) known += (known.empty() ? "" : ", ") + s + "://";
     return Status(Code::kInvalidArgument,
-                  "unknown storage scheme \"" + uri.scheme + "://\" in \"" +
-                      Printable(text) + "\"; known schemes: " +
-                      (known.empty() ? "none registered" : known) +
+                  "unknown storage scheme \"" + uri.scheme + "://\" in \"" + Printable(text) +
+                      "\"; known schemes: " + (known.empty() ? "none registered" : known) +
                       " (a plain path means file://)");
   }
   return it->second(uri);

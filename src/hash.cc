@@ -40,9 +40,7 @@ std::optional<Hash128> Hash128::FromHex(std::string_view hex) {
   return h;
 }
 
-Hash128 HashBytes(const void* data, size_t size) {
-  return FromXxh(XXH3_128bits(data, size));
-}
+Hash128 HashBytes(const void* data, size_t size) { return FromXxh(XXH3_128bits(data, size)); }
 
 struct Hasher::State {
   XXH3_state_t xxh;
@@ -57,9 +55,7 @@ void Hasher::Update(const void* data, size_t size) {
   XXH3_128bits_update(&state_->xxh, data, size);
 }
 
-Hash128 Hasher::Digest() const {
-  return FromXxh(XXH3_128bits_digest(&state_->xxh));
-}
+Hash128 Hasher::Digest() const { return FromXxh(XXH3_128bits_digest(&state_->xxh)); }
 
 void Hasher::Reset() { XXH3_128bits_reset(&state_->xxh); }
 

@@ -4,11 +4,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ckptio/backend.h"
 #include "text.h"
@@ -41,9 +40,12 @@ int JsonDepth(std::string_view text) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -63,8 +65,8 @@ class Fields {
       : obj_(obj), path_(std::move(path)), where_(where) {}
 
   Status Error(std::string_view field, std::string_view what) const {
-    return Status(Code::kDataLoss, std::string(where_) + ": field '" +
-                                       Join(field) + "': " + std::string(what));
+    return Status(Code::kDataLoss,
+                  std::string(where_) + ": field '" + Join(field) + "': " + std::string(what));
   }
 
   Result<const json*> Get(std::string_view name) {
@@ -81,8 +83,8 @@ class Fields {
       return Error(name, "out of range");
     int64_t x = v->get<int64_t>();
     if (x < lo || x > hi)
-      return Error(name, "value " + std::to_string(x) + " is outside [" +
-                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return Error(name, "value " + std::to_string(x) + " is outside [" + std::to_string(lo) +
+                             ", " + std::to_string(hi) + "]");
     return x;
   }
 
@@ -91,8 +93,8 @@ class Fields {
     if (!v->is_number_unsigned()) return Error(name, "expected an unsigned integer");
     uint64_t x = v->get<uint64_t>();
     if (x < lo || x > hi)
-      return Error(name, "value " + std::to_string(x) + " is outside [" +
-                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return Error(name, "value " + std::to_string(x) + " is outside [" + std::to_string(lo) +
+                             ", " + std::to_string(hi) + "]");
     return x;
   }
 
@@ -116,8 +118,7 @@ class Fields {
   // newer writer relied on.
   Status NoOthers() const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-      if (!seen_.count(it.key()))
-        return Error(it.key(), "unknown field");
+      if (!seen_.count(it.key())) return Error(it.key(), "unknown field");
     }
     return OkStatus();
   }
@@ -135,9 +136,8 @@ class Fields {
 
 // Parses `bytes` as one JSON object, rejecting duplicate keys (nlohmann would
 // silently keep the last), then checks and strips the self-checksum.
-Result<json> ParseSealed(std::string_view bytes, std::string_view where,
-                         size_t max_bytes) {
-  auto error = [&](std::string what) {
+Result<json> ParseSealed(std::string_view bytes, std::string_view where, size_t max_bytes) {
+  auto error = [&](const std::string& what) {
     return Status(Code::kDataLoss, std::string(where) + ": " + what);
   };
   if (bytes.size() > max_bytes)
@@ -157,8 +157,7 @@ Result<json> ParseSealed(std::string_view bytes, std::string_view where,
     } else if (event == json::parse_event_t::object_end) {
       keys.pop_back();
     } else if (event == json::parse_event_t::key) {
-      if (!keys.back().insert(parsed.get<std::string>()).second &&
-          duplicate.empty())
+      if (!keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
         duplicate = parsed.get<std::string>();
     }
     return true;
@@ -169,8 +168,7 @@ Result<json> ParseSealed(std::string_view bytes, std::string_view where,
   } catch (const json::exception& e) {
     return error(std::string("is not valid JSON (torn or corrupt): ") + e.what());
   }
-  if (!duplicate.empty())
-    return error("member \"" + Printable(duplicate) + "\" appears twice");
+  if (!duplicate.empty()) return error("member \"" + Printable(duplicate) + "\" appears twice");
   if (!obj.is_object()) return error("expected a JSON object");
   auto it = obj.find(std::string(kChecksumKey));
   if (it == obj.end() || !it->is_string())
@@ -182,22 +180,21 @@ Result<json> ParseSealed(std::string_view bytes, std::string_view where,
   obj.erase(it);
   const std::string actual = HashBytes(obj.dump()).Hex();
   if (actual != expected)
-    return error("self-checksum mismatch (expected \"" + Printable(expected) +
-                 "\", computed " + actual + "): the file is corrupt");
+    return error("self-checksum mismatch (expected \"" + Printable(expected) + "\", computed " +
+                 actual + "): the file is corrupt");
   return obj;
 }
 
-Status CheckFormat(Fields& f, std::string_view expected_format,
-                   int supported_version, std::string_view where) {
+Status CheckFormat(Fields& f, std::string_view expected_format, int supported_version,
+                   std::string_view where) {
   CKPTIO_ASSIGN_OR_RETURN(std::string format, f.Str("format", 64));
   if (format != expected_format)
-    return f.Error("format", "expected \"" + std::string(expected_format) +
-                                 "\", found \"" + Printable(format) + "\"");
+    return f.Error("format", "expected \"" + std::string(expected_format) + "\", found \"" +
+                                 Printable(format) + "\"");
   CKPTIO_ASSIGN_OR_RETURN(int64_t version, f.Int("version", 1, INT32_MAX));
   if (version > supported_version)
     return Status(Code::kFailedPrecondition,
-                  std::string(where) + ": format version " +
-                      std::to_string(version) +
+                  std::string(where) + ": format version " + std::to_string(version) +
                       " was written by a newer ckptio; this build reads up to " +
                       std::to_string(supported_version) + ": upgrade ckptio");
   return OkStatus();
@@ -207,13 +204,11 @@ Status CheckFormat(Fields& f, std::string_view expected_format,
 
 Status ValidateObjectName(std::string_view name) {
   if (name.find('/') != std::string_view::npos)
-    return Status(Code::kInvalidArgument,
-                  "invalid object name \"" + Printable(name) +
-                      "\": object names are flat, '/' is not allowed");
+    return Status(Code::kInvalidArgument, "invalid object name \"" + Printable(name) +
+                                              "\": object names are flat, '/' is not allowed");
   if (!name.empty() && name.front() == '.')
-    return Status(Code::kInvalidArgument,
-                  "invalid object name \"" + Printable(name) +
-                      "\": names starting with '.' are reserved");
+    return Status(Code::kInvalidArgument, "invalid object name \"" + Printable(name) +
+                                              "\": names starting with '.' are reserved");
   std::string lower(name);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower == "manifest.json")  // also on case-insensitive file systems
@@ -223,9 +218,8 @@ Status ValidateObjectName(std::string_view name) {
 }
 
 const ObjectEntry* Manifest::Find(std::string_view name) const {
-  auto it = std::lower_bound(
-      objects.begin(), objects.end(), name,
-      [](const ObjectEntry& e, std::string_view n) { return e.name < n; });
+  auto it = std::lower_bound(objects.begin(), objects.end(), name,
+                             [](const ObjectEntry& e, std::string_view n) { return e.name < n; });
   return it != objects.end() && it->name == name ? &*it : nullptr;
 }
 
@@ -262,8 +256,7 @@ std::string SerializeManifest(const Manifest& m) {
 Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
   CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxManifestBytes));
   Fields f(obj, "", where);
-  CKPTIO_RETURN_IF_ERROR(
-      CheckFormat(f, "ckptio-manifest", kManifestFormatVersion, where));
+  CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-manifest", kManifestFormatVersion, where));
   Manifest m;
   m.format_version = kManifestFormatVersion;
   CKPTIO_ASSIGN_OR_RETURN(m.step, f.Int("step", 0, kMaxStep));
@@ -288,21 +281,18 @@ Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
     Status name_ok = ValidateObjectName(e.name);
     if (!name_ok.ok()) return of.Error("name", name_ok.message());
     CKPTIO_ASSIGN_OR_RETURN(e.size, of.Uint("size", 0, kMaxObjectBytes));
-    CKPTIO_ASSIGN_OR_RETURN(e.chunk_size,
-                            of.Uint("chunk_size", kMinChunkBytes, kMaxChunkBytes));
+    CKPTIO_ASSIGN_OR_RETURN(e.chunk_size, of.Uint("chunk_size", kMinChunkBytes, kMaxChunkBytes));
     CKPTIO_ASSIGN_OR_RETURN(e.hash, of.Hash("xxh3_128"));
     CKPTIO_ASSIGN_OR_RETURN(const json* chunks, of.Get("chunks"));
     if (!chunks->is_array()) return of.Error("chunks", "expected an array");
     uint64_t want = ObjectEntry::ChunkCount(e.size, e.chunk_size);
     if (chunks->size() != want)
       return of.Error("chunks", "has " + std::to_string(chunks->size()) +
-                                    " entries; size and chunk_size imply " +
-                                    std::to_string(want));
+                                    " entries; size and chunk_size imply " + std::to_string(want));
     e.chunks.reserve(chunks->size());
     for (size_t c = 0; c < chunks->size(); ++c) {
       const json& h = (*chunks)[c];
-      auto parsed = h.is_string() ? Hash128::FromHex(h.get<std::string>())
-                                  : std::nullopt;
+      auto parsed = h.is_string() ? Hash128::FromHex(h.get<std::string>()) : std::nullopt;
       if (!parsed)
         return of.Error("chunks[" + std::to_string(c) + "]",
                         "expected 32 hex digits (an XXH3-128)");
@@ -310,18 +300,16 @@ Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
     }
     CKPTIO_RETURN_IF_ERROR(of.NoOthers());
     if (!m.objects.empty() && m.objects.back().name >= e.name)
-      return f.Error(path + ".name",
-                     m.objects.back().name == e.name
-                         ? "duplicate object name \"" + e.name + "\""
-                         : "objects are not sorted by name");
+      return f.Error(path + ".name", m.objects.back().name == e.name
+                                         ? "duplicate object name \"" + e.name + "\""
+                                         : "objects are not sorted by name");
     m.objects.push_back(std::move(e));
   }
 
   CKPTIO_ASSIGN_OR_RETURN(const json* meta, f.Get("metadata"));
   if (!meta->is_object()) return f.Error("metadata", "expected an object");
   if (meta->size() > kMaxMetadataEntries)
-    return f.Error("metadata", "more than " + std::to_string(kMaxMetadataEntries) +
-                                   " entries");
+    return f.Error("metadata", "more than " + std::to_string(kMaxMetadataEntries) + " entries");
   for (auto it = meta->begin(); it != meta->end(); ++it) {
     Status ok = ValidateMetadata(it.key(), it->is_string() ? it->get<std::string>() : "");
     if (!ok.ok()) return f.Error("metadata." + it.key(), ok.message());
@@ -334,13 +322,11 @@ Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
 
 Status ValidateMetadata(std::string_view key, std::string_view value) {
   if (key.empty() || key.size() > kMaxMetadataKeyBytes)
-    return Status(Code::kInvalidArgument,
-                  "metadata key \"" + Printable(key) + "\" must be 1-" +
-                      std::to_string(kMaxMetadataKeyBytes) + " bytes");
+    return Status(Code::kInvalidArgument, "metadata key \"" + Printable(key) + "\" must be 1-" +
+                                              std::to_string(kMaxMetadataKeyBytes) + " bytes");
   if (value.size() > kMaxMetadataValueBytes)
-    return Status(Code::kInvalidArgument,
-                  "metadata value of \"" + Printable(key) + "\" is over " +
-                      std::to_string(kMaxMetadataValueBytes) + " bytes");
+    return Status(Code::kInvalidArgument, "metadata value of \"" + Printable(key) + "\" is over " +
+                                              std::to_string(kMaxMetadataValueBytes) + " bytes");
   try {
     (void)json(std::string(key)).dump();
     (void)json(std::string(value)).dump();
@@ -381,8 +367,7 @@ std::string SerializeWriterRecord(const WriterRecord& w) {
                {"started_unix_ms", w.started_unix_ms}});
 }
 
-Result<WriterRecord> ParseWriterRecord(std::string_view bytes,
-                                       std::string_view where) {
+Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view where) {
   CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxLatestBytes));
   Fields f(obj, "", where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-writer", 1, where));
@@ -403,8 +388,7 @@ std::string StepDirName(int64_t step) {
 
 int64_t ParseStepDirName(std::string_view name) {
   constexpr std::string_view kPrefix = "step-";
-  if (name.size() != kPrefix.size() + 12 || name.substr(0, kPrefix.size()) != kPrefix)
-    return -1;
+  if (name.size() != kPrefix.size() + 12 || name.substr(0, kPrefix.size()) != kPrefix) return -1;
   int64_t step = 0;
   for (char c : name.substr(kPrefix.size())) {
     if (c < '0' || c > '9') return -1;

@@ -41,21 +41,19 @@ std::string ManifestKey(int64_t step) {
 }
 
 // Reads a whole small object, refusing anything over max_bytes.
-Result<std::string> ReadSmall(StorageBackend& backend, std::string_view key,
-                              size_t max_bytes) {
+Result<std::string> ReadSmall(StorageBackend& backend, std::string_view key, size_t max_bytes) {
   CKPTIO_ASSIGN_OR_RETURN(auto reader, backend.OpenObject(key));
   if (reader->Size() > max_bytes)
     return Status(Code::kDataLoss, backend.Uri() + "/" + std::string(key) + " is " +
-                                       std::to_string(reader->Size()) +
-                                       " bytes, over its " + std::to_string(max_bytes) +
-                                       "-byte limit");
+                                       std::to_string(reader->Size()) + " bytes, over its " +
+                                       std::to_string(max_bytes) + "-byte limit");
   std::string bytes(reader->Size(), '\0');
   CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, bytes.data(), bytes.size()));
   return bytes;
 }
 
-Status WriteSmall(StorageBackend& backend, std::string_view key,
-                  std::string_view bytes, WriteMode mode) {
+Status WriteSmall(StorageBackend& backend, std::string_view key, std::string_view bytes,
+                  WriteMode mode) {
   CKPTIO_ASSIGN_OR_RETURN(auto writer, backend.NewObject(key, mode));
   CKPTIO_RETURN_IF_ERROR(writer->Append(bytes.data(), bytes.size()));
   return writer->Commit();
@@ -72,16 +70,14 @@ Result<LoadedManifest> LoadManifest(StorageBackend& backend, int64_t step) {
   auto bytes = ReadSmall(backend, key, kMaxManifestBytes);
   if (!bytes.ok()) {
     if (bytes.status().code() == Code::kNotFound)
-      return Status(Code::kNotFound, "step " + std::to_string(step) +
-                                         " is not committed in " + backend.Uri() +
-                                         " (no " + key + ")");
+      return Status(Code::kNotFound, "step " + std::to_string(step) + " is not committed in " +
+                                         backend.Uri() + " (no " + key + ")");
     return bytes.status();
   }
   CKPTIO_ASSIGN_OR_RETURN(Manifest m, ParseManifest(*bytes, where));
   if (m.step != step)
-    return Status(Code::kDataLoss, where + ": manifest records step " +
-                                       std::to_string(m.step) + ", its directory says " +
-                                       std::to_string(step));
+    return Status(Code::kDataLoss, where + ": manifest records step " + std::to_string(m.step) +
+                                       ", its directory says " + std::to_string(step));
   return LoadedManifest{std::move(m), HashBytes(*bytes)};
 }
 
@@ -131,30 +127,35 @@ Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& b
 
 std::string_view StepStateName(StepState s) {
   switch (s) {
-    case StepState::kCommitted: return "committed";
-    case StepState::kTorn: return "torn";
-    case StepState::kCorrupt: return "corrupt";
+    case StepState::kCommitted:
+      return "committed";
+    case StepState::kTorn:
+      return "torn";
+    case StepState::kCorrupt:
+      return "corrupt";
   }
   return "unknown";
 }
 
 std::string_view FsckKindName(FsckProblem::Kind k) {
   switch (k) {
-    case FsckProblem::Kind::kStaleTemp: return "stale-temp";
-    case FsckProblem::Kind::kTornStep: return "torn-step";
-    case FsckProblem::Kind::kCorruptStep: return "corrupt-step";
-    case FsckProblem::Kind::kBadLatest: return "bad-latest";
+    case FsckProblem::Kind::kStaleTemp:
+      return "stale-temp";
+    case FsckProblem::Kind::kTornStep:
+      return "torn-step";
+    case FsckProblem::Kind::kCorruptStep:
+      return "corrupt-step";
+    case FsckProblem::Kind::kBadLatest:
+      return "bad-latest";
   }
   return "unknown";
 }
 
 // ---------------------------------------------------------------- reading
 
-CheckpointReader::CheckpointReader(std::shared_ptr<StorageBackend> backend,
-                                   Manifest manifest, Hash128 manifest_hash)
-    : backend_(std::move(backend)),
-      manifest_(std::move(manifest)),
-      manifest_hash_(manifest_hash) {}
+CheckpointReader::CheckpointReader(std::shared_ptr<StorageBackend> backend, Manifest manifest,
+                                   Hash128 manifest_hash)
+    : backend_(std::move(backend)), manifest_(std::move(manifest)), manifest_hash_(manifest_hash) {}
 
 CheckpointReader::~CheckpointReader() = default;
 
@@ -170,11 +171,11 @@ Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
     return s.WithContext("store " + backend_->Uri() + ", step " + std::to_string(step()));
   }
   if ((*reader)->Size() != e.size)
-    return Status(Code::kDataLoss,
-                  "store " + backend_->Uri() + ", step " + std::to_string(step()) +
-                      ", object " + e.name + ": " + std::to_string((*reader)->Size()) +
-                      " bytes on storage, the manifest records " +
-                      std::to_string(e.size) + " (torn or altered object)");
+    return Status(Code::kDataLoss, "store " + backend_->Uri() + ", step " + std::to_string(step()) +
+                                       ", object " + e.name + ": " +
+                                       std::to_string((*reader)->Size()) +
+                                       " bytes on storage, the manifest records " +
+                                       std::to_string(e.size) + " (torn or altered object)");
   return open_.emplace(e.name, std::move(*reader)).first->second.get();
 }
 
@@ -182,15 +183,14 @@ Status CheckpointReader::ChunkMismatch(const ObjectEntry& e, uint64_t chunk,
                                        const Hash128& got) const {
   uint64_t lo = chunk * e.chunk_size;
   uint64_t hi = std::min(e.size, lo + e.chunk_size);
-  return Status(Code::kDataLoss,
-                "checksum mismatch in store " + backend_->Uri() + ", step " +
-                    std::to_string(step()) + ", object " + e.name + ", bytes [" +
-                    std::to_string(lo) + ", " + std::to_string(hi) + ") (chunk " +
-                    std::to_string(chunk) + " of " + std::to_string(e.chunks.size()) +
-                    "): expected xxh3-128 " + e.chunks[chunk].Hex() + ", computed " +
-                    got.Hex() +
-                    "; the checkpoint is corrupt: load an older step, and run "
-                    "`ckptio fsck --repair` to retire it");
+  return Status(Code::kDataLoss, "checksum mismatch in store " + backend_->Uri() + ", step " +
+                                     std::to_string(step()) + ", object " + e.name + ", bytes [" +
+                                     std::to_string(lo) + ", " + std::to_string(hi) + ") (chunk " +
+                                     std::to_string(chunk) + " of " +
+                                     std::to_string(e.chunks.size()) + "): expected xxh3-128 " +
+                                     e.chunks[chunk].Hex() + ", computed " + got.Hex() +
+                                     "; the checkpoint is corrupt: load an older step, and run "
+                                     "`ckptio fsck --repair` to retire it");
 }
 
 namespace {
@@ -206,14 +206,13 @@ Result<const ObjectEntry*> FindObject(const Manifest& m, std::string_view name,
 }
 }  // namespace
 
-Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf,
-                              size_t size) {
+Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf, size_t size) {
   CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
   if (offset > e->size || size > e->size - offset)
-    return Status(Code::kInvalidArgument,
-                  "read of bytes [" + std::to_string(offset) + ", " +
-                      std::to_string(offset + size) + ") is outside object " + e->name +
-                      " of " + std::to_string(e->size) + " bytes");
+    return Status(Code::kInvalidArgument, "read of bytes [" + std::to_string(offset) + ", " +
+                                              std::to_string(offset + size) +
+                                              ") is outside object " + e->name + " of " +
+                                              std::to_string(e->size) + " bytes");
   if (size == 0) return OkStatus();
   auto reader_or = Open(*e);
   if (!reader_or.ok()) {
@@ -260,17 +259,17 @@ Result<std::string> CheckpointReader::ReadAll(std::string_view name) {
   CKPTIO_RETURN_IF_ERROR(Read(name, 0, out.data(), out.size()));
   Hash128 whole = HashBytes(out);
   if (whole != e->hash)
-    return Status(Code::kDataLoss,
-                  "whole-object checksum mismatch in store " + backend_->Uri() +
-                      ", step " + std::to_string(step()) + ", object " + e->name +
-                      ", bytes [0, " + std::to_string(e->size) + "): expected xxh3-128 " +
-                      e->hash.Hex() + ", computed " + whole.Hex());
+    return Status(Code::kDataLoss, "whole-object checksum mismatch in store " + backend_->Uri() +
+                                       ", step " + std::to_string(step()) + ", object " + e->name +
+                                       ", bytes [0, " + std::to_string(e->size) +
+                                       "): expected xxh3-128 " + e->hash.Hex() + ", computed " +
+                                       whole.Hex());
   return out;
 }
 
 Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& progress) {
   CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
-  CKPTIO_ASSIGN_OR_RETURN(ObjectReader* reader, Open(*e));
+  CKPTIO_ASSIGN_OR_RETURN(ObjectReader * reader, Open(*e));
   Hasher whole;
   std::string buf;
   for (uint64_t c = 0; c < e->chunks.size(); ++c) {
@@ -287,11 +286,10 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
     if (progress) progress(len);
   }
   if (whole.Digest() != e->hash)
-    return Status(Code::kDataLoss,
-                  "whole-object checksum mismatch in store " + backend_->Uri() +
-                      ", step " + std::to_string(step()) + ", object " + e->name +
-                      ": expected xxh3-128 " + e->hash.Hex() + ", computed " +
-                      whole.Digest().Hex());
+    return Status(Code::kDataLoss, "whole-object checksum mismatch in store " + backend_->Uri() +
+                                       ", step " + std::to_string(step()) + ", object " + e->name +
+                                       ": expected xxh3-128 " + e->hash.Hex() + ", computed " +
+                                       whole.Digest().Hex());
   return OkStatus();
 }
 
@@ -418,8 +416,7 @@ PendingCheckpoint::~PendingCheckpoint() {
   if (!state_->committed) {
     // Abandon: remove what this attempt wrote. Nothing here was ever
     // visible (no manifest), so a failure only leaves a torn step.
-    for (const auto& name : state_->names)
-      (void)state_->core->backend->Delete(state_->dir + name);
+    for (const auto& name : state_->names) (void)state_->core->backend->Delete(state_->dir + name);
   }
   state_->core->pending = false;
 }
@@ -438,8 +435,8 @@ Result<std::unique_ptr<ObjectStream>> PendingCheckpoint::AddObject(std::string_v
     return Status(Code::kInvalidArgument, "object \"" + std::string(name) +
                                               "\" was already added to step " +
                                               std::to_string(st.step));
-  auto writer = st.core->backend->NewObject(st.dir + std::string(name),
-                                            WriteMode::kCreateExclusive);
+  auto writer =
+      st.core->backend->NewObject(st.dir + std::string(name), WriteMode::kCreateExclusive);
   if (!writer.ok()) {
     st.failed = true;
     return writer.status();
@@ -537,8 +534,8 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
 Result<std::vector<int64_t>> WriterCore::CollectGarbage(int keep_last,
                                                         std::optional<int64_t> skip) {
   if (keep_last < 1)
-    return Status(Code::kInvalidArgument, "keep_last must be at least 1 (got " +
-                                              std::to_string(keep_last) + ")");
+    return Status(Code::kInvalidArgument,
+                  "keep_last must be at least 1 (got " + std::to_string(keep_last) + ")");
   Store store(backend);
   CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
   std::vector<int64_t> committed;
@@ -554,8 +551,8 @@ Result<std::vector<int64_t>> WriterCore::CollectGarbage(int keep_last,
   std::vector<int64_t> deleted;
   for (int64_t step : committed) {
     if (keep.count(step)) continue;
-    CKPTIO_RETURN_IF_ERROR(DeleteStep(*backend, step).WithContext(
-        "retention: deleting step " + std::to_string(step)));
+    CKPTIO_RETURN_IF_ERROR(
+        DeleteStep(*backend, step).WithContext("retention: deleting step " + std::to_string(step)));
     deleted.push_back(step);
   }
   return deleted;
@@ -605,8 +602,7 @@ Result<std::vector<int64_t>> StoreWriter::CollectGarbage(int keep_last) {
 
 // ---------------------------------------------------------------- store
 
-Result<std::unique_ptr<Store>> Store::Open(std::string_view uri,
-                                           const BackendRegistry& registry) {
+Result<std::unique_ptr<Store>> Store::Open(std::string_view uri, const BackendRegistry& registry) {
   CKPTIO_ASSIGN_OR_RETURN(auto backend, registry.Open(uri));
   return std::make_unique<Store>(std::shared_ptr<StorageBackend>(std::move(backend)));
 }
@@ -619,8 +615,7 @@ Result<std::vector<StepEntry>> Store::ListSteps() {
   for (const auto& [step, names] : by_step) {
     StepEntry e;
     e.step = step;
-    bool has_manifest =
-        std::find(names.begin(), names.end(), kManifestName) != names.end();
+    bool has_manifest = std::find(names.begin(), names.end(), kManifestName) != names.end();
     if (has_manifest) {
       auto loaded = LoadManifest(*backend_, step);
       if (loaded.ok()) {
@@ -677,9 +672,9 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
     return Status(Code::kInvalidArgument, "keep_last must be >= 0 (0 keeps every step)");
   if (options.world_size < 1 || options.saving_rank < 0 ||
       options.saving_rank >= options.world_size)
-    return Status(Code::kInvalidArgument,
-                  "saving_rank " + std::to_string(options.saving_rank) +
-                      " is not within world_size " + std::to_string(options.world_size));
+    return Status(Code::kInvalidArgument, "saving_rank " + std::to_string(options.saving_rank) +
+                                              " is not within world_size " +
+                                              std::to_string(options.world_size));
 
   // 1. The lock, waiting up to lock_wait.
   const auto deadline = std::chrono::steady_clock::now() + options.lock_wait;
@@ -696,11 +691,11 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
       std::string holder = "unknown";
       auto rec = LoadWriterRecord(*backend_);
       if (rec.ok())
-        holder = "host " + rec->host + ", pid " + std::to_string(rec->pid) +
-                 ", generation " + std::to_string(rec->generation);
+        holder = "host " + rec->host + ", pid " + std::to_string(rec->pid) + ", generation " +
+                 std::to_string(rec->generation);
       return Status(Code::kFailedPrecondition,
-                    "store " + uri() + " already has a writer (last recorded writer: " +
-                        holder + "; " + got.status().message() +
+                    "store " + uri() + " already has a writer (last recorded writer: " + holder +
+                        "; " + got.status().message() +
                         "). ckptio allows one writer per store: wait for it to finish, "
                         "stop it, or raise the writer's lock wait");
     }
@@ -767,8 +762,8 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
       continue;
     }
     auto reader = store.OpenStep(s.step);
-    Status v = reader.ok() ? (verify_data ? (*reader)->Verify(progress) : OkStatus())
-                           : reader.status();
+    Status v =
+        reader.ok() ? (verify_data ? (*reader)->Verify(progress) : OkStatus()) : reader.status();
     if (v.ok()) {
       good[s.step] = (*reader)->manifest_hash();
     } else if (v.code() == Code::kDataLoss) {

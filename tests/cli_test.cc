@@ -188,8 +188,8 @@ class CliTest : public ::testing::Test {
 
   // Three committed steps (0, 10, 20), two objects of 300 KiB each.
   void MakeStore() {
-    RunResult r = Gen({store_, "--steps", "3", "--objects", "2", "--size", "300K",
-                       "--every", "10"});
+    RunResult r =
+        Gen({store_, "--steps", "3", "--objects", "2", "--size", "300K", "--every", "10"});
     ASSERT_EQ(r.exit_code, 0) << r;
   }
 
@@ -231,8 +231,13 @@ class CliTest : public ::testing::Test {
 
 TEST_F(CliTest, HelpOnAppAndEverySubcommandExitsZero) {
   const std::vector<std::vector<std::string>> cases = {
-      {"--help"},           {"-h"},           {"ls", "--help"},   {"verify", "--help"},
-      {"inspect", "--help"}, {"fsck", "--help"}, {"gc", "--help"},
+      {"--help"},
+      {"-h"},
+      {"ls", "--help"},
+      {"verify", "--help"},
+      {"inspect", "--help"},
+      {"fsck", "--help"},
+      {"gc", "--help"},
   };
   for (const auto& args : cases) {
     RunResult r = Ckptio(args);
@@ -250,27 +255,27 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   ASSERT_NO_FATAL_FAILURE(MakeStore());
   const std::string before = LsJson().dump();
   const std::vector<std::vector<std::string>> cases = {
-      {},                                     // no subcommand
-      {"frobnicate", store_},                 // unknown subcommand
-      {"ls"},                                 // missing STORE
-      {"verify"},                             //
-      {"inspect"},                            //
-      {"fsck"},                               //
-      {"gc"},                                 //
-      {"inspect", store_},                    // missing STEP
-      {"ls", store_, "--no-such-flag"},       //
-      {"verify", store_, "--all", "5"},       // --all excludes STEP
-      {"gc", store_},                         // --keep is required
-      {"gc", store_, "--keep", "0"},          // --keep must be >= 1
-      {"gc", store_, "--keep", "-1"},         //
-      {"gc", store_, "--keep", "two"},        //
-      {"fsck", store_, "--wait", "-1"},       //
-      {"verify", store_, "abc"},              // bad step text
-      {"inspect", store_, "abc"},             //
-      {"verify", store_, "12abc"},            //
-      {"verify", store_, "1e3"},              //
+      {},                                          // no subcommand
+      {"frobnicate", store_},                      // unknown subcommand
+      {"ls"},                                      // missing STORE
+      {"verify"},                                  //
+      {"inspect"},                                 //
+      {"fsck"},                                    //
+      {"gc"},                                      //
+      {"inspect", store_},                         // missing STEP
+      {"ls", store_, "--no-such-flag"},            //
+      {"verify", store_, "--all", "5"},            // --all excludes STEP
+      {"gc", store_},                              // --keep is required
+      {"gc", store_, "--keep", "0"},               // --keep must be >= 1
+      {"gc", store_, "--keep", "-1"},              //
+      {"gc", store_, "--keep", "two"},             //
+      {"fsck", store_, "--wait", "-1"},            //
+      {"verify", store_, "abc"},                   // bad step text
+      {"inspect", store_, "abc"},                  //
+      {"verify", store_, "12abc"},                 //
+      {"verify", store_, "1e3"},                   //
       {"verify", store_, "99999999999999999999"},  // overflows
-      {"verify", store_, "1000000000000"},    // above kMaxStep
+      {"verify", store_, "1000000000000"},         // above kMaxStep
   };
   for (const auto& args : cases) {
     RunResult r = Ckptio(args);
@@ -300,16 +305,20 @@ TEST_F(CliTest, UnknownSchemeExitsTwoAndListsKnownSchemes) {
 TEST_F(CliTest, MissingStoreExitsOneWithMessage) {
   const std::string missing = tmp_.Sub("no-such-store");
   const std::vector<std::vector<std::string>> cases = {
-      {"ls", missing},           {"ls", missing, "--json"}, {"verify", missing},
-      {"verify", missing, "--all"}, {"verify", missing, "10"}, {"inspect", missing, "latest"},
-      {"inspect", missing, "10"}, {"fsck", missing},          {"fsck", missing, "--repair"},
+      {"ls", missing},
+      {"ls", missing, "--json"},
+      {"verify", missing},
+      {"verify", missing, "--all"},
+      {"verify", missing, "10"},
+      {"inspect", missing, "latest"},
+      {"inspect", missing, "10"},
+      {"fsck", missing},
+      {"fsck", missing, "--repair"},
   };
   for (const auto& args : cases) {
     RunResult r = Ckptio(args);
     EXPECT_EQ(r.exit_code, 1) << "ckptio " << Join(args) << "\n" << r;
-    EXPECT_NE(r.all().find(missing), std::string::npos)
-        << "the error should name the store\n"
-        << r;
+    EXPECT_NE(r.all().find(missing), std::string::npos) << "the error should name the store\n" << r;
     struct stat st;
     EXPECT_NE(::stat(missing.c_str(), &st), 0)
         << "ckptio " << Join(args) << " created the missing store";
@@ -417,12 +426,11 @@ TEST_F(CliTest, VerifyAllOnGoodStoreExitsZero) {
   EXPECT_EQ(r.exit_code, 0) << r;
   for (int64_t step : kSteps)
     EXPECT_NE(r.out.find("step " + std::to_string(step) + ": OK"), std::string::npos) << r;
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"verify", store_},
-        std::vector<std::string>{"verify", store_, "latest"},
-        std::vector<std::string>{"verify", store_, "10"},
-        std::vector<std::string>{"ls", store_, "--verify"},
-        std::vector<std::string>{"fsck", store_}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"verify", store_},
+                                               std::vector<std::string>{"verify", store_, "latest"},
+                                               std::vector<std::string>{"verify", store_, "10"},
+                                               std::vector<std::string>{"ls", store_, "--verify"},
+                                               std::vector<std::string>{"fsck", store_}}) {
     RunResult ok = Ckptio(args);
     EXPECT_EQ(ok.exit_code, 0) << Join(args) << "\n" << ok;
   }
@@ -568,13 +576,14 @@ TEST_F(CliTest, ManifestBitFlipsFailVerify) {
     const char c = original[offset];
     // Case flips of a hex letter inside the checksum value are covered by
     // ManifestChecksumCaseFlipFailsVerify; keep this sample independent.
-    if (offset >= ck_lo && offset < ck_hi && bit == 5 && std::isalpha(static_cast<unsigned char>(c)))
+    if (offset >= ck_lo && offset < ck_hi && bit == 5 &&
+        std::isalpha(static_cast<unsigned char>(c)))
       continue;
     ++tried;
     FlipBit(path, offset, bit);
     RunResult r = Ckptio({"verify", store_, "20"});
-    EXPECT_EQ(r.exit_code, 1) << "flip of bit " << bit << " at byte " << offset << " ('"
-                              << c << "') went unnoticed\n"
+    EXPECT_EQ(r.exit_code, 1) << "flip of bit " << bit << " at byte " << offset << " ('" << c
+                              << "') went unnoticed\n"
                               << r;
     FlipBit(path, offset, bit);
     ASSERT_EQ(ReadFile(path), original) << "could not undo the flip";
@@ -600,8 +609,8 @@ TEST_F(CliTest, ManifestChecksumCaseFlipFailsVerify) {
   if (letter == hi) GTEST_SKIP() << "checksum has no hex letter";
   FlipBit(path, letter, 5);
   RunResult r = Ckptio({"verify", store_, std::to_string(step)});
-  EXPECT_EQ(r.exit_code, 1) << "manifest altered at byte " << letter << " ('"
-                            << original[letter] << "' -> uppercase) still verifies\n"
+  EXPECT_EQ(r.exit_code, 1) << "manifest altered at byte " << letter << " ('" << original[letter]
+                            << "' -> uppercase) still verifies\n"
                             << r;
   FlipBit(path, letter, 5);
   RunResult ok = Ckptio({"verify", store_, std::to_string(step)});

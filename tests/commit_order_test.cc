@@ -25,8 +25,8 @@ size_t IndexOf(const std::vector<std::string>& log, const std::string& line) {
 }
 
 struct Visible {
-  int64_t latest = -1;    // step named by LATEST, -1 if none
-  bool step2 = false;     // step 2 opens (its manifest is visible)
+  int64_t latest = -1;  // step named by LATEST, -1 if none
+  bool step2 = false;   // step 2 opens (its manifest is visible)
 };
 
 class CommitOrderTest : public ::testing::Test {
@@ -37,14 +37,16 @@ class CommitOrderTest : public ::testing::Test {
     o.hook = [this](PosixSyncPoint p, const std::string& path) {
       // Log relative to the store root, like backend keys.
       std::string rel = path.substr(root_.size() + 1);
-      if (rel.find(kTempMarker) != std::string::npos) rel = rel.substr(0, rel.find(kTempMarker)) + "<tmp>";
+      if (rel.find(kTempMarker) != std::string::npos)
+        rel = rel.substr(0, rel.find(kTempMarker)) + "<tmp>";
       recorder_->Record(std::string(PosixSyncPointName(p)) + " " + rel);
       if (observe_) observed_.push_back({recorder_->log().back(), Observe()});
       return OkStatus();
     };
     auto posix = NewPosixBackend(root_, o);
     ASSERT_TRUE(posix.ok());
-    recorder_ = std::make_shared<RecordingBackend>(std::shared_ptr<StorageBackend>(std::move(*posix)));
+    recorder_ =
+        std::make_shared<RecordingBackend>(std::shared_ptr<StorageBackend>(std::move(*posix)));
     store_ = std::make_unique<Store>(recorder_);
   }
 

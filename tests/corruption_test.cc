@@ -35,9 +35,7 @@ class CorruptionTest : public ::testing::Test {
     CKPTIO_ASSERT_OK(p->Commit().status());
   }
 
-  std::string Path(const std::string& name) const {
-    return root_ + "/step-000000000001/" + name;
-  }
+  std::string Path(const std::string& name) const { return root_ + "/step-000000000001/" + name; }
 
   TempDir dir_;
   std::string root_;
@@ -82,8 +80,8 @@ TEST_F(CorruptionTest, EveryBitFlipInObjectDataIsDetected) {
     FlipBit(Path(name), offset, bit);  // undo
   }
   std::cout << "corruption: " << detected_by_verify << "/" << kFlips
-            << " object bit flips detected by Verify, " << detected_by_range_read << "/"
-            << kFlips << " by a range read\n";
+            << " object bit flips detected by Verify, " << detected_by_range_read << "/" << kFlips
+            << " by a range read\n";
   EXPECT_EQ(detected_by_verify, kFlips);
   EXPECT_EQ(detected_by_range_read, kFlips);
   EXPECT_GT(clean_elsewhere, kFlips / 4);
@@ -123,7 +121,8 @@ TEST_F(CorruptionTest, EveryBitFlipInLatestIsDetected) {
     int bit = static_cast<int>(rng_() % 8);
     FlipBit(path, offset, bit);
     auto l = store_->ReadLatest();
-    if (!l.ok() && l.status().code() == Code::kDataLoss) ++detected;
+    if (!l.ok() && l.status().code() == Code::kDataLoss)
+      ++detected;
     else
       ADD_FAILURE() << "LATEST flip at " << offset << " bit " << bit;
     FlipBit(path, offset, bit);

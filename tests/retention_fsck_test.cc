@@ -1,7 +1,6 @@
 // keep_last retention, gc, and fsck / repair.
-#include <unistd.h>
-
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <random>
 #include <set>
@@ -116,7 +115,7 @@ TEST_F(RetentionFsckTest, FsckFindsEveryKindOfDamageAndRepairFixesIt) {
   std::multiset<std::string> kinds;
   for (const auto& p : report.problems) kinds.insert(std::string(FsckKindName(p.kind)));
   EXPECT_EQ(kinds, (std::multiset<std::string>{"bad-latest", "corrupt-step", "corrupt-step",
-                                                 "stale-temp", "torn-step"}));
+                                               "stale-temp", "torn-step"}));
   // Check changed nothing.
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto again, store_->Check());
   EXPECT_EQ(again.problems.size(), report.problems.size());

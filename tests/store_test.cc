@@ -177,8 +177,8 @@ TEST_F(StoreTest, TornLeftoversOfAStepAreClearedByTheNextBegin) {
   auto w = Writer();
   // A crashed attempt at step 7 left an object but no manifest.
   {
-    CKPTIO_ASSERT_OK_AND_ASSIGN(auto obj, store_->backend().NewObject(
-                                              "step-000000000007/a", WriteMode::kReplace));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(
+        auto obj, store_->backend().NewObject("step-000000000007/a", WriteMode::kReplace));
     CKPTIO_ASSERT_OK(obj->Append("stale", 5));
     CKPTIO_ASSERT_OK(obj->Commit());
   }

@@ -286,8 +286,7 @@ TEST_F(WriterLockTest, SecondProcessIsRefusedNamingTheHolder) {
       << refused.status();
   EXPECT_NE(refused.status().message().find("pid " + std::to_string(child.pid())),
             std::string::npos)
-      << "the error should name the holder's pid " << child.pid() << ": "
-      << refused.status();
+      << "the error should name the holder's pid " << child.pid() << ": " << refused.status();
   EXPECT_LT(took, milliseconds(250)) << "lock_wait=0 should fail at once";
 
   t0 = Clock::now();
@@ -347,8 +346,7 @@ TEST_F(WriterLockTest, KilledHolderReleasesTheLock) {
   ASSERT_TRUE(w.ok()) << "the lock of a SIGKILLed writer was not released: " << w.status();
   EXPECT_LT(took, milliseconds(1500));
   EXPECT_GT((*w)->generation(), child_gen);
-  EXPECT_GE((*w)->stale_temps_removed(), 1u)
-      << "the dead writer's temp object should be removed";
+  EXPECT_GE((*w)->stale_temps_removed(), 1u) << "the dead writer's temp object should be removed";
 
   auto status = child.Wait(milliseconds(5000));
   ASSERT_TRUE(status.has_value());
@@ -547,8 +545,7 @@ TEST_F(WriterLockTest, FencedWriterCannotCommit) {
   auto committed = pending->Commit();
   ASSERT_FALSE(committed.ok()) << "a fenced writer committed step 1";
   EXPECT_EQ(committed.status().code(), Code::kAborted) << committed.status();
-  EXPECT_NE(committed.status().message().find("fenced"), std::string::npos)
-      << committed.status();
+  EXPECT_NE(committed.status().message().find("fenced"), std::string::npos) << committed.status();
   pending.reset();
 
   auto step = store->OpenStep(1);

@@ -37,8 +37,16 @@ fi
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 
-if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  cmake -S "$CKPTIO_ROOT" -B "$BUILD_DIR" -G Ninja ${CKPTIO_CMAKE_ARGS:-} >/dev/null
-fi
-echo "setup: building into $BUILD_DIR"
-cmake --build "$BUILD_DIR" -- -j"$(nproc)"
+# build_tree DIR [CMAKE_ARGS...]: configure (once) and build a tree.
+build_tree() {
+  local dir=$1
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    cmake -S "$CKPTIO_ROOT" -B "$dir" -G Ninja "$@" >/dev/null
+  fi
+  echo "setup: building into $dir"
+  cmake --build "$dir" -- -j"$(nproc)"
+}
+
+# shellcheck disable=SC2086
+build_tree "$BUILD_DIR" ${CKPTIO_CMAKE_ARGS:-}

@@ -1,23 +1,47 @@
 #!/usr/bin/env bash
 # Builds ckptio (installing missing Debian packages) and runs the whole test
-# suite with ctest. The last line is the summary: "ctest: N passed, N failed".
-# Extra arguments go to ctest (e.g. -R Manifest).
+# suite with ctest: first the normal build (./build), then the same tests
+# built with AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan).
+# Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass. Extra arguments go to
+# ctest (e.g. -R Manifest). The last line is the summary:
+#   "ctest: N passed, N failed, N skipped"
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
+passed=0 failed=0 skipped=0 status=0
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-set +e
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" --timeout 600 "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-set -e
-summary=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)
-if [ -z "$summary" ]; then
-  echo "ctest: no summary (exit $rc)"
-  exit $((rc ? rc : 1))
+
+# run_suite DIR LABEL [CTEST_ARGS...]
+run_suite() {
+  local dir=$1 label=$2
+  shift 2
+  echo "== test suite: $label ($dir)"
+  set +e
+  ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" --timeout 600 "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local summary
+  summary=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)
+  if [ -z "$summary" ]; then
+    echo "$label: ctest printed no summary (exit $rc)"
+    status=1
+    failed=$((failed + 1))
+    return
+  fi
+  local f t s
+  f=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$summary")
+  t=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$summary")
+  s=$(grep -c '(Skipped)' "$log" || true)
+  passed=$((passed + t - f - s)) failed=$((failed + f)) skipped=$((skipped + s))
+  [ "$rc" = 0 ] || status=$rc
+}
+
+run_suite "$BUILD_DIR" "release" "$@"
+if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
+  build_tree "$CKPTIO_ROOT/build-asan" -DCKPTIO_SANITIZE=address,undefined
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    run_suite "$CKPTIO_ROOT/build-asan" "asan+ubsan" "$@"
 fi
-failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$summary")
-total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$summary")
-skipped=$(grep -c '(Skipped)' "$log" || true)
-echo "ctest: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
-exit "$rc"
+echo "ctest: $passed passed, $failed failed, $skipped skipped"
+exit "$status"

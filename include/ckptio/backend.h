@@ -102,12 +102,10 @@ class StorageBackend {
 
   // Starts a new object under `key`. Missing parent "directories" are
   // created as needed. Nothing is visible until ObjectWriter::Commit().
-  virtual Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key,
-                                                          WriteMode mode) = 0;
+  virtual Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) = 0;
 
   // Opens a committed object. NotFound if absent.
-  virtual Result<std::unique_ptr<ObjectReader>> OpenObject(
-      std::string_view key) = 0;
+  virtual Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) = 0;
 
   // NotFound if absent.
   virtual Result<ObjectInfo> Stat(std::string_view key) = 0;
@@ -128,15 +126,14 @@ class StorageBackend {
   // in this process). Unimplemented if the backend cannot lock.
   virtual Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key) {
     (void)key;
-    return Status(Code::kUnimplemented,
-                  Uri() + ": this backend does not support locks");
+    return Status(Code::kUnimplemented, Uri() + ": this backend does not support locks");
   }
 };
 
 // A parsed store URI: "file:///abs/path", "nfs://server/export?version=3",
 // or a plain path (scheme "file").
 struct Uri {
-  std::string scheme;  // lowercase, never empty
+  std::string scheme;     // lowercase, never empty
   std::string authority;  // "" for file://
   std::string path;
   std::map<std::string, std::string> params;  // from "?k=v&k2=v2"
@@ -144,8 +141,7 @@ struct Uri {
   static Result<Uri> Parse(std::string_view text);
 };
 
-using BackendFactory =
-    std::function<Result<std::unique_ptr<StorageBackend>>(const Uri& uri)>;
+using BackendFactory = std::function<Result<std::unique_ptr<StorageBackend>>(const Uri& uri)>;
 
 // Maps URI schemes to backend factories. Backends are registered by explicit
 // calls (see ckptio/backends.h), never by static initialisers a linker could

@@ -18,9 +18,7 @@ struct Hash128 {
   uint64_t high = 0;
   uint64_t low = 0;
 
-  bool operator==(const Hash128& o) const {
-    return high == o.high && low == o.low;
-  }
+  bool operator==(const Hash128& o) const { return high == o.high && low == o.low; }
   bool operator!=(const Hash128& o) const { return !(*this == o); }
 
   // 32 lowercase hex digits.
@@ -31,9 +29,7 @@ struct Hash128 {
 
 // One-shot XXH3-128 of a buffer.
 Hash128 HashBytes(const void* data, size_t size);
-inline Hash128 HashBytes(std::string_view s) {
-  return HashBytes(s.data(), s.size());
-}
+inline Hash128 HashBytes(std::string_view s) { return HashBytes(s.data(), s.size()); }
 
 // Streaming XXH3-128. Not thread-safe; cheap to move.
 class Hasher {

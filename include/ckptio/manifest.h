@@ -68,12 +68,12 @@ struct ObjectEntry {
 struct Manifest {
   int format_version = kManifestFormatVersion;
   int64_t step = 0;
-  int64_t generation = 0;     // the writer's fencing generation
+  int64_t generation = 0;  // the writer's fencing generation
   int64_t world_size = 1;
   int64_t saving_rank = 0;
   int64_t created_unix_ms = 0;
-  std::string writer;          // "host:pid", for humans
-  std::vector<ObjectEntry> objects;  // sorted by name, unique
+  std::string writer;                           // "host:pid", for humans
+  std::vector<ObjectEntry> objects;             // sorted by name, unique
   std::map<std::string, std::string> metadata;  // user metadata
 
   // nullptr if absent.
@@ -106,8 +106,7 @@ struct WriterRecord {
 };
 
 std::string SerializeWriterRecord(const WriterRecord& record);
-Result<WriterRecord> ParseWriterRecord(std::string_view bytes,
-                                       std::string_view where);
+Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view where);
 
 // "step-000000001200" for 1200.
 std::string StepDirName(int64_t step);

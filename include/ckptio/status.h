@@ -63,8 +63,7 @@ std::string_view CodeName(Code code);
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
-  Status(Code code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
@@ -91,7 +90,7 @@ Status ErrnoToStatus(int err, std::string_view what);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     assert(!status_.ok() && "Result built from an OK status without value");
     if (status_.ok()) status_ = Status(Code::kInternal, "OK status without value");
@@ -125,9 +124,9 @@ class [[nodiscard]] Result {
 }  // namespace ckptio
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define CKPTIO_RETURN_IF_ERROR(expr)              \
-  do {                                            \
-    ::ckptio::Status ckptio_status_ = (expr);     \
+#define CKPTIO_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::ckptio::Status ckptio_status_ = (expr);        \
     if (!ckptio_status_.ok()) return ckptio_status_; \
   } while (0)
 
@@ -137,9 +136,12 @@ class [[nodiscard]] Result {
 // `lhs = value of rexpr (a Result<T>)`, or return its Status.
 #define CKPTIO_ASSIGN_OR_RETURN(lhs, rexpr) \
   CKPTIO_ASSIGN_OR_RETURN_IMPL_(CKPTIO_CONCAT_(ckptio_result_, __LINE__), lhs, rexpr)
+// `lhs` may be a declaration, so it cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define CKPTIO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
   auto tmp = (rexpr);                                  \
   if (!tmp.ok()) return tmp.status();                  \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // CKPTIO_STATUS_H_

@@ -128,9 +128,9 @@ struct CommitInfo {
   int64_t generation = 0;
   Hash128 manifest_hash;
   uint64_t bytes = 0;
-  bool latest_updated = false;      // false when a higher step exists
-  std::vector<int64_t> retired;     // steps deleted by keep_last
-  Status retention;                 // a retention failure (the save stands)
+  bool latest_updated = false;   // false when a higher step exists
+  std::vector<int64_t> retired;  // steps deleted by keep_last
+  Status retention;              // a retention failure (the save stands)
 };
 
 // A checkpoint being written. Not thread-safe.
@@ -242,8 +242,7 @@ class Store {
  public:
   // Opens the store at `uri` with the backend registered for its scheme.
   // Nothing is created until a writer commits.
-  static Result<std::unique_ptr<Store>> Open(std::string_view uri,
-                                             const BackendRegistry& registry);
+  static Result<std::unique_ptr<Store>> Open(std::string_view uri, const BackendRegistry& registry);
   explicit Store(std::shared_ptr<StorageBackend> backend);
 
   std::string uri() const { return backend_->Uri(); }
@@ -267,8 +266,7 @@ class Store {
 
   // Reads everything and reports problems without changing anything.
   // Verifies all data of every committed step when verify_data is set.
-  Result<FsckReport> Check(const ProgressFn& progress = {},
-                           bool verify_data = true);
+  Result<FsckReport> Check(const ProgressFn& progress = {}, bool verify_data = true);
 
  private:
   std::shared_ptr<StorageBackend> backend_;

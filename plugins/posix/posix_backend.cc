@@ -22,12 +22,18 @@ namespace ckptio {
 
 std::string_view PosixSyncPointName(PosixSyncPoint p) {
   switch (p) {
-    case PosixSyncPoint::kTempOpened: return "temp-opened";
-    case PosixSyncPoint::kDataWritten: return "data-written";
-    case PosixSyncPoint::kFileSynced: return "file-synced";
-    case PosixSyncPoint::kFileClosed: return "file-closed";
-    case PosixSyncPoint::kRenamed: return "renamed";
-    case PosixSyncPoint::kDirSynced: return "dir-synced";
+    case PosixSyncPoint::kTempOpened:
+      return "temp-opened";
+    case PosixSyncPoint::kDataWritten:
+      return "data-written";
+    case PosixSyncPoint::kFileSynced:
+      return "file-synced";
+    case PosixSyncPoint::kFileClosed:
+      return "file-closed";
+    case PosixSyncPoint::kRenamed:
+      return "renamed";
+    case PosixSyncPoint::kDirSynced:
+      return "dir-synced";
   }
   return "unknown";
 }
@@ -66,8 +72,7 @@ Status SyncFd(int fd, const std::string& path) {
 }
 
 // Splits "a/b/c" into {"a","b"} and "c".
-void SplitKey(std::string_view key, std::vector<std::string>* dirs,
-              std::string* base) {
+void SplitKey(std::string_view key, std::vector<std::string>* dirs, std::string* base) {
   size_t start = 0;
   while (true) {
     size_t slash = key.find('/', start);
@@ -105,8 +110,7 @@ std::set<FileId>& HeldLocks() {
 
 class PosixLock : public BackendLock {
  public:
-  PosixLock(FileId id, boost::interprocess::file_lock lock)
-      : id_(id), lock_(std::move(lock)) {}
+  PosixLock(FileId id, boost::interprocess::file_lock lock) : id_(id), lock_(std::move(lock)) {}
   ~PosixLock() override {
     try {
       lock_.unlock();
@@ -125,9 +129,8 @@ class PosixBackend;
 
 class PosixWriter : public ObjectWriter {
  public:
-  PosixWriter(const PosixBackend* backend, UniqueFd dir, UniqueFd file,
-              std::string dir_path, std::string name, std::string tmp,
-              WriteMode mode)
+  PosixWriter(const PosixBackend* backend, UniqueFd dir, UniqueFd file, std::string dir_path,
+              std::string name, std::string tmp, WriteMode mode)
       : backend_(backend),
         dir_(std::move(dir)),
         file_(std::move(file)),
@@ -233,10 +236,9 @@ class PosixReader : public ObjectReader {
         return ErrnoToStatus(errno, "read " + path_);
       }
       if (n == 0)
-        return Status(Code::kDataLoss,
-                      path_ + ": object ends at byte " + std::to_string(pos) +
-                          ", read of " + std::to_string(size) +
-                          " more bytes requested (truncated object?)");
+        return Status(Code::kDataLoss, path_ + ": object ends at byte " + std::to_string(pos) +
+                                           ", read of " + std::to_string(size) +
+                                           " more bytes requested (truncated object?)");
       p += n;
       pos += static_cast<uint64_t>(n);
       size -= static_cast<size_t>(n);
@@ -260,26 +262,24 @@ class PosixBackend : public StorageBackend {
   std::string Uri() const override { return "file://" + root_; }
   const PosixBackendOptions& options() const { return options_; }
 
-  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key,
-                                                  WriteMode mode) override {
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::vector<std::string> dirs;
     std::string base;
     SplitKey(key, &dirs, &base);
     if (base.compare(0, kTempMarker.size(), kTempMarker) == 0)
       return Status(Code::kInvalidArgument,
-                    "object key \"" + std::string(key) +
-                        "\" uses the reserved temp prefix");
+                    "object key \"" + std::string(key) + "\" uses the reserved temp prefix");
     CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, /*create=*/true));
     std::string dir_path = DirPath(dirs);
-    std::string tmp = std::string(kTempMarker) + base.substr(0, 100) + "." +
-                      host_ + "." + std::to_string(::getpid()) + "." +
-                      std::to_string(counter_.fetch_add(1)) + "." + Nonce();
-    int fd = ::openat(dir.get(), tmp.c_str(),
-                      O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    std::string tmp = std::string(kTempMarker) + base.substr(0, 100) + "." + host_ + "." +
+                      std::to_string(::getpid()) + "." + std::to_string(counter_.fetch_add(1)) +
+                      "." + Nonce();
+    int fd = ::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                      0644);
     if (fd < 0) return ErrnoToStatus(errno, "create " + dir_path + "/" + tmp);
-    auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd),
-                                                dir_path, base, tmp, mode);
+    auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd), dir_path, base,
+                                                tmp, mode);
     if (options_.hook) {
       Status s = options_.hook(PosixSyncPoint::kTempOpened, dir_path + "/" + tmp);
       if (!s.ok()) return s;  // the writer's destructor removes the temp
@@ -303,8 +303,8 @@ class PosixBackend : public StorageBackend {
       return Status(Code::kNotFound, path + " is a directory, not an object");
     if (!S_ISREG(st.st_mode))
       return Status(Code::kFailedPrecondition, path + " is not a regular file");
-    return std::unique_ptr<ObjectReader>(std::make_unique<PosixReader>(
-        std::move(file), static_cast<uint64_t>(st.st_size), path));
+    return std::unique_ptr<ObjectReader>(
+        std::make_unique<PosixReader>(std::move(file), static_cast<uint64_t>(st.st_size), path));
   }
 
   Result<ObjectInfo> Stat(std::string_view key) override {
@@ -345,10 +345,9 @@ class PosixBackend : public StorageBackend {
       return dir.status();
     }
     CKPTIO_RETURN_IF_ERROR(Walk(dir->get(), dir_key.empty() ? "" : dir_key + "/", &out));
-    out.erase(std::remove_if(out.begin(), out.end(),
-                             [&](const std::string& k) {
-                               return k.compare(0, prefix.size(), prefix) != 0;
-                             }),
+    out.erase(std::remove_if(
+                  out.begin(), out.end(),
+                  [&](const std::string& k) { return k.compare(0, prefix.size(), prefix) != 0; }),
               out.end());
     std::sort(out.begin(), out.end());
     return out;
@@ -388,8 +387,8 @@ class PosixBackend : public StorageBackend {
     struct stat st;
     if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT) return ErrnoToStatus(errno, "stat lock file " + path);
-      int fd = ::openat(dir.get(), base.c_str(),
-                        O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+      int fd = ::openat(dir.get(), base.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                        0644);
       if (fd < 0 && errno != EEXIST) return ErrnoToStatus(errno, "create lock file " + path);
       if (fd >= 0) {
         ::close(fd);  // a new file: nobody in this process holds a lock on it
@@ -444,8 +443,8 @@ class PosixBackend : public StorageBackend {
       std::string part = root_.substr(0, pos);
       if (::mkdir(part.c_str(), 0755) == 0) {
         std::string parent = part.substr(0, part.rfind('/'));
-        UniqueFd pfd(::open(parent.empty() ? "/" : parent.c_str(),
-                            O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        UniqueFd pfd(
+            ::open(parent.empty() ? "/" : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         if (pfd.get() < 0) return ErrnoToStatus(errno, "open " + parent);
         CKPTIO_RETURN_IF_ERROR(SyncFd(pfd.get(), parent));
       } else if (errno != EEXIST) {
@@ -475,7 +474,8 @@ class PosixBackend : public StorageBackend {
       int fd = ::openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (fd < 0 && errno == ENOENT && create) {
         if (::mkdirat(cur.get(), name, 0755) != 0 && errno != EEXIST)
-          return ErrnoToStatus(errno, "create directory " + DirPath({dirs.begin(), dirs.begin() + i + 1}));
+          return ErrnoToStatus(errno,
+                               "create directory " + DirPath({dirs.begin(), dirs.begin() + i + 1}));
         CKPTIO_RETURN_IF_ERROR(SyncFd(cur.get(), DirPath({dirs.begin(), dirs.begin() + i})));
         fd = ::openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       }
@@ -512,8 +512,10 @@ class PosixBackend : public StorageBackend {
       if (name == "." || name == ".." || !ValidateKey(name).ok()) continue;
       struct stat st;
       if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-      if (S_ISDIR(st.st_mode)) subdirs.push_back(name);
-      else if (S_ISREG(st.st_mode)) out->push_back(prefix + name);
+      if (S_ISDIR(st.st_mode))
+        subdirs.push_back(name);
+      else if (S_ISREG(st.st_mode))
+        out->push_back(prefix + name);
     }
     int err = errno;
     ::closedir(d);
@@ -562,8 +564,8 @@ Status PosixWriter::Commit() {
     if (::linkat(dir_.get(), tmp_.c_str(), dir_.get(), name_.c_str(), 0) != 0) {
       int err = errno;
       if (err == EEXIST)
-        return fail(Status(Code::kAlreadyExists,
-                           target + " already exists and is never overwritten"));
+        return fail(
+            Status(Code::kAlreadyExists, target + " already exists and is never overwritten"));
       return fail(ErrnoToStatus(err, "link " + tmp_path + " to " + target));
     }
     ::unlinkat(dir_.get(), tmp_.c_str(), 0);  // a leftover is removed as stale
@@ -589,8 +591,7 @@ Status PosixWriter::Commit() {
 
 Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
                                                         PosixBackendOptions options) {
-  if (root.empty())
-    return Status(Code::kInvalidArgument, "empty store path");
+  if (root.empty()) return Status(Code::kInvalidArgument, "empty store path");
   if (root.find('\0') != std::string::npos)
     return Status(Code::kInvalidArgument, "store path contains NUL");
   if (root.front() != '/') {
@@ -611,8 +612,7 @@ Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
     if (!part.empty() && part != ".") norm += "/" + part;
     start = slash + 1;
   }
-  if (norm.empty())
-    return Status(Code::kInvalidArgument, "the file system root cannot be a store");
+  if (norm.empty()) return Status(Code::kInvalidArgument, "the file system root cannot be a store");
   return std::unique_ptr<StorageBackend>(
       std::make_unique<PosixBackend>(std::move(norm), std::move(options)));
 }
@@ -625,8 +625,7 @@ Status RegisterPosixBackend(BackendRegistry& registry) {
                         "\": use file:///absolute/path (three slashes) or a plain path");
     if (!uri.params.empty())
       return Status(Code::kInvalidArgument,
-                    "file:// URIs take no parameters (got \"" +
-                        uri.params.begin()->first + "\")");
+                    "file:// URIs take no parameters (got \"" + uri.params.begin()->first + "\")");
     return NewPosixBackend(uri.path);
   });
 }

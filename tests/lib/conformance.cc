@@ -17,8 +17,7 @@ namespace ckptio::testing {
 // it (e.g. with --whole-archive) must not fail for that.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackendConformanceTest);
 
-std::string BackendHarnessName(
-    const ::testing::TestParamInfo<BackendHarness>& info) {
+std::string BackendHarnessName(const ::testing::TestParamInfo<BackendHarness>& info) {
   return info.param.name;
 }
 
@@ -29,17 +28,14 @@ std::string BackendHarnessName(
 
 ::testing::AssertionResult StatusIs(const Status& status, Code want) {
   if (status.code() == want) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "expected " << CodeName(want) << ", got " << status;
+  return ::testing::AssertionFailure() << "expected " << CodeName(want) << ", got " << status;
 }
 
-::testing::AssertionResult SameBytes(std::string_view actual,
-                                     std::string_view expected) {
+::testing::AssertionResult SameBytes(std::string_view actual, std::string_view expected) {
   size_t common = std::min(actual.size(), expected.size());
   size_t i = 0;
   while (i < common && actual[i] == expected[i]) ++i;
-  if (i == common && actual.size() == expected.size())
-    return ::testing::AssertionSuccess();
+  if (i == common && actual.size() == expected.size()) return ::testing::AssertionSuccess();
   auto failure = ::testing::AssertionFailure();
   failure << "got " << actual.size() << " bytes, expected " << expected.size();
   if (i < common) {
@@ -57,8 +53,7 @@ namespace {
 std::string Join(const std::vector<std::string>& keys) {
   std::ostringstream out;
   out << "[";
-  for (size_t i = 0; i < keys.size(); ++i)
-    out << (i ? ", " : "") << '"' << keys[i] << '"';
+  for (size_t i = 0; i < keys.size(); ++i) out << (i ? ", " : "") << '"' << keys[i] << '"';
   out << "]";
   return out.str();
 }
@@ -79,49 +74,38 @@ void BackendConformanceTest::SetUp() {
   ASSERT_TRUE(static_cast<bool>(harness().make))
       << "harness " << harness().name << " has no make function";
   backend_ = harness().make(false);
-  ASSERT_NE(backend_, nullptr)
-      << "harness " << harness().name << ": make(false) returned null";
+  ASSERT_NE(backend_, nullptr) << "harness " << harness().name << ": make(false) returned null";
   auto listed = backend_->List("");
   ASSERT_TRUE(IsOk(listed.status())) << "List(\"\") on a fresh backend";
-  ASSERT_TRUE(listed->empty())
-      << "make(false) must return an empty backend; it holds " << Join(*listed);
+  ASSERT_TRUE(listed->empty()) << "make(false) must return an empty backend; it holds "
+                               << Join(*listed);
 }
 
 void BackendConformanceTest::TearDown() { backend_.reset(); }
 
 std::unique_ptr<StorageBackend> BackendConformanceTest::OpenSameLocation() {
   std::unique_ptr<StorageBackend> other = harness().make(true);
-  EXPECT_NE(other, nullptr)
-      << "harness " << harness().name << ": make(true) returned null";
+  EXPECT_NE(other, nullptr) << "harness " << harness().name << ": make(true) returned null";
   return other;
 }
 
-Status BackendConformanceTest::PutTo(StorageBackend& backend,
-                                     std::string_view key,
+Status BackendConformanceTest::PutTo(StorageBackend& backend, std::string_view key,
                                      std::string_view bytes, WriteMode mode) {
-  CKPTIO_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer,
-                          backend.NewObject(key, mode));
-  if (writer == nullptr)
-    return Status(Code::kInternal, "NewObject returned OK and a null writer");
-  if (!bytes.empty())
-    CKPTIO_RETURN_IF_ERROR(writer->Append(bytes.data(), bytes.size()));
+  CKPTIO_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, backend.NewObject(key, mode));
+  if (writer == nullptr) return Status(Code::kInternal, "NewObject returned OK and a null writer");
+  if (!bytes.empty()) CKPTIO_RETURN_IF_ERROR(writer->Append(bytes.data(), bytes.size()));
   return writer->Commit();
 }
 
-Result<std::string> BackendConformanceTest::GetFrom(StorageBackend& backend,
-                                                    std::string_view key) {
-  CKPTIO_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader,
-                          backend.OpenObject(key));
-  if (reader == nullptr)
-    return Status(Code::kInternal, "OpenObject returned OK and a null reader");
+Result<std::string> BackendConformanceTest::GetFrom(StorageBackend& backend, std::string_view key) {
+  CKPTIO_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, backend.OpenObject(key));
+  if (reader == nullptr) return Status(Code::kInternal, "OpenObject returned OK and a null reader");
   std::string bytes(reader->Size(), '\0');
-  if (!bytes.empty())
-    CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, bytes.data(), bytes.size()));
+  if (!bytes.empty()) CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, bytes.data(), bytes.size()));
   return bytes;
 }
 
-Status BackendConformanceTest::Put(std::string_view key, std::string_view bytes,
-                                   WriteMode mode) {
+Status BackendConformanceTest::Put(std::string_view key, std::string_view bytes, WriteMode mode) {
   return PutTo(*backend_, key, bytes, mode);
 }
 
@@ -131,8 +115,7 @@ Result<std::string> BackendConformanceTest::Get(std::string_view key) {
 
 bool BackendConformanceTest::IsTempKey(std::string_view key) {
   size_t slash = key.rfind('/');
-  std::string_view last =
-      slash == std::string_view::npos ? key : key.substr(slash + 1);
+  std::string_view last = slash == std::string_view::npos ? key : key.substr(slash + 1);
   return last.substr(0, kTempMarker.size()) == kTempMarker;
 }
 
@@ -187,8 +170,7 @@ TEST_P(BackendConformanceTest, RoundTripEmptyObject) {
   }
   auto listed = backend_->List("");
   ASSERT_TRUE(IsOk(listed.status()));
-  EXPECT_EQ(*listed,
-            (std::vector<std::string>{"empty.bin", "never-appended.bin"}));
+  EXPECT_EQ(*listed, (std::vector<std::string>{"empty.bin", "never-appended.bin"}));
 }
 
 TEST_P(BackendConformanceTest, RoundTripOneByte) {
@@ -277,11 +259,9 @@ TEST_P(BackendConformanceTest, RoundTripLargeObjectWrittenInUnevenAppends) {
   for (const Probe& probe : past_end) {
     auto fresh = backend_->OpenObject("big/object.bin");
     ASSERT_TRUE(IsOk(fresh.status()));
-    EXPECT_TRUE(
-        StatusIs((*fresh)->ReadAt(probe.offset, buf.data(), probe.length),
-                 Code::kDataLoss))
-        << "ReadAt(" << probe.offset << ", " << probe.length
-        << ") on an object of " << size << " bytes";
+    EXPECT_TRUE(StatusIs((*fresh)->ReadAt(probe.offset, buf.data(), probe.length), Code::kDataLoss))
+        << "ReadAt(" << probe.offset << ", " << probe.length << ") on an object of " << size
+        << " bytes";
   }
 }
 
@@ -326,8 +306,7 @@ TEST_P(BackendConformanceTest, NothingVisibleBeforeCommit) {
     auto writer = backend_->NewObject(p.key, p.mode);
     ASSERT_TRUE(IsOk(writer.status()));
     ASSERT_TRUE(IsOk((*writer)->Append(payload.data(), 1000)));
-    ASSERT_TRUE(
-        IsOk((*writer)->Append(payload.data() + 1000, payload.size() - 1000)));
+    ASSERT_TRUE(IsOk((*writer)->Append(payload.data() + 1000, payload.size() - 1000)));
 
     for (StorageBackend* b : {backend_.get(), other.get()}) {
       SCOPED_TRACE(b == backend_.get() ? "writing backend" : "second backend");
@@ -457,8 +436,7 @@ TEST_P(BackendConformanceTest, CreateExclusive) {
   // On an existing key it fails with AlreadyExists, at NewObject or at
   // Commit, and the existing object is untouched.
   {
-    auto writer =
-        backend_->NewObject("step/obj.bin", WriteMode::kCreateExclusive);
+    auto writer = backend_->NewObject("step/obj.bin", WriteMode::kCreateExclusive);
     if (writer.ok()) {
       ASSERT_TRUE(IsOk((*writer)->Append(intruder.data(), intruder.size())));
       EXPECT_TRUE(StatusIs((*writer)->Commit(), Code::kAlreadyExists));
@@ -473,11 +451,9 @@ TEST_P(BackendConformanceTest, CreateExclusive) {
   // Two exclusive writers for one new key, both open before either commits:
   // the first commit wins, the second is AlreadyExists (wherever reported).
   {
-    auto first =
-        backend_->NewObject("step/race.bin", WriteMode::kCreateExclusive);
+    auto first = backend_->NewObject("step/race.bin", WriteMode::kCreateExclusive);
     ASSERT_TRUE(IsOk(first.status()));
-    auto second =
-        backend_->NewObject("step/race.bin", WriteMode::kCreateExclusive);
+    auto second = backend_->NewObject("step/race.bin", WriteMode::kCreateExclusive);
     ASSERT_TRUE(IsOk((*first)->Append(original.data(), original.size())));
     if (second.ok()) {
       ASSERT_TRUE(IsOk((*second)->Append(intruder.data(), intruder.size())));
@@ -496,8 +472,7 @@ TEST_P(BackendConformanceTest, CreateExclusive) {
   // Failed commits leave no temp entries behind.
   auto listed = backend_->List("");
   ASSERT_TRUE(IsOk(listed.status()));
-  EXPECT_EQ(*listed,
-            (std::vector<std::string>{"step/obj.bin", "step/race.bin"}));
+  EXPECT_EQ(*listed, (std::vector<std::string>{"step/obj.bin", "step/race.bin"}));
 
   // After a Delete the key is free again.
   ASSERT_TRUE(IsOk(backend_->Delete("step/obj.bin")));
@@ -514,8 +489,7 @@ TEST_P(BackendConformanceTest, CreateExclusiveRaceHasOneWinner) {
     const std::string key = "race/r" + std::to_string(round) + ".bin";
     std::vector<Status> results(kThreads);
     std::vector<std::string> contents(kThreads);
-    for (int t = 0; t < kThreads; ++t)
-      contents[t] = TestBytes(1000 + t, 100 * round + t);
+    for (int t = 0; t < kThreads; ++t) contents[t] = TestBytes(1000 + t, 100 * round + t);
     std::atomic<int> ready{0};
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
@@ -534,8 +508,7 @@ TEST_P(BackendConformanceTest, CreateExclusiveRaceHasOneWinner) {
                               << " both created it exclusively";
         winner = t;
       } else {
-        EXPECT_TRUE(StatusIs(results[t], Code::kAlreadyExists))
-            << key << ", thread " << t;
+        EXPECT_TRUE(StatusIs(results[t], Code::kAlreadyExists)) << key << ", thread " << t;
       }
     }
     ASSERT_NE(winner, -1) << key << ": no thread created it";
@@ -555,9 +528,8 @@ TEST_P(BackendConformanceTest, CreateExclusiveRaceHasOneWinner) {
 TEST_P(BackendConformanceTest, NestedKeysListAndDelete) {
   // Byte order puts "a-x.bin" and "a.bin" before "a/..." ('-' < '.' < '/'),
   // and "B.bin" first: a per-directory walk gets this order wrong.
-  const std::vector<std::string> keys = {"z/y.bin", "a/b/c.bin", "a/e.bin",
-                                         "ab.bin",  "a/b/d.bin", "a.bin",
-                                         "a-x.bin", "B.bin"};
+  const std::vector<std::string> keys = {"z/y.bin",   "a/b/c.bin", "a/e.bin", "ab.bin",
+                                         "a/b/d.bin", "a.bin",     "a-x.bin", "B.bin"};
   for (const auto& key : keys) {
     ASSERT_TRUE(IsOk(Put(key, "content of " + key))) << key;
   }
@@ -573,8 +545,7 @@ TEST_P(BackendConformanceTest, NestedKeysListAndDelete) {
 
   auto under_a = backend_->List("a/");
   ASSERT_TRUE(IsOk(under_a.status()));
-  EXPECT_EQ(*under_a,
-            (std::vector<std::string>{"a/b/c.bin", "a/b/d.bin", "a/e.bin"}));
+  EXPECT_EQ(*under_a, (std::vector<std::string>{"a/b/c.bin", "a/b/d.bin", "a/e.bin"}));
   auto under_ab = backend_->List("a/b/");
   ASSERT_TRUE(IsOk(under_ab.status()));
   EXPECT_EQ(*under_ab, (std::vector<std::string>{"a/b/c.bin", "a/b/d.bin"}));
@@ -582,14 +553,12 @@ TEST_P(BackendConformanceTest, NestedKeysListAndDelete) {
   for (const char* missing : {"missing/", "a/missing/", "a/e.bin/"}) {
     auto listed = backend_->List(missing);
     ASSERT_TRUE(IsOk(listed.status())) << "List(\"" << missing << "\")";
-    EXPECT_EQ(*listed, std::vector<std::string>{})
-        << "List(\"" << missing << "\")";
+    EXPECT_EQ(*listed, std::vector<std::string>{}) << "List(\"" << missing << "\")";
   }
 
   ASSERT_TRUE(IsOk(backend_->Delete("a/b/c.bin")));
   EXPECT_TRUE(StatusIs(backend_->Stat("a/b/c.bin").status(), Code::kNotFound));
-  EXPECT_TRUE(
-      StatusIs(backend_->OpenObject("a/b/c.bin").status(), Code::kNotFound));
+  EXPECT_TRUE(StatusIs(backend_->OpenObject("a/b/c.bin").status(), Code::kNotFound));
   EXPECT_TRUE(StatusIs(backend_->Delete("a/b/c.bin"), Code::kNotFound));
   EXPECT_TRUE(StatusIs(backend_->Delete("never/was.bin"), Code::kNotFound));
   EXPECT_TRUE(StatusIs(backend_->Delete("never.bin"), Code::kNotFound));
@@ -605,8 +574,8 @@ TEST_P(BackendConformanceTest, NestedKeysListAndDelete) {
 
   all = backend_->List("");
   ASSERT_TRUE(IsOk(all.status()));
-  EXPECT_EQ(*all, (std::vector<std::string>{"B.bin", "a-x.bin", "a.bin",
-                                            "a/e.bin", "ab.bin", "z/y.bin"}));
+  EXPECT_EQ(*all, (std::vector<std::string>{"B.bin", "a-x.bin", "a.bin", "a/e.bin", "ab.bin",
+                                            "z/y.bin"}));
 
   // The vanished parent is recreated on demand.
   ASSERT_TRUE(IsOk(Put("a/b/again.bin", "again")));
@@ -618,8 +587,8 @@ TEST_P(BackendConformanceTest, NestedKeysListAndDelete) {
 TEST_P(BackendConformanceTest, ListPrefixIsAStringPrefix) {
   // backend.h: List returns "every key that starts with `prefix`", so a
   // prefix need not end at a component boundary.
-  for (const char* key : {"a/b/c.bin", "a/b/d.bin", "a/e.bin", "a-x.bin",
-                          "a.bin", "ab.bin", "b.bin"}) {
+  for (const char* key :
+       {"a/b/c.bin", "a/b/d.bin", "a/e.bin", "a-x.bin", "a.bin", "ab.bin", "b.bin"}) {
     ASSERT_TRUE(IsOk(Put(key, key))) << key;
   }
   struct Case {
@@ -627,8 +596,7 @@ TEST_P(BackendConformanceTest, ListPrefixIsAStringPrefix) {
     std::vector<std::string> want;
   };
   const Case cases[] = {
-      {"a",
-       {"a-x.bin", "a.bin", "a/b/c.bin", "a/b/d.bin", "a/e.bin", "ab.bin"}},
+      {"a", {"a-x.bin", "a.bin", "a/b/c.bin", "a/b/d.bin", "a/e.bin", "ab.bin"}},
       {"a/b", {"a/b/c.bin", "a/b/d.bin"}},
       {"a/e", {"a/e.bin"}},
       {"a/b/c.bin", {"a/b/c.bin"}},
@@ -659,8 +627,7 @@ TEST_P(BackendConformanceTest, InvalidKeysAreRejected) {
   // Objects that a backend which forgot to validate would find, or damage,
   // through the hostile keys below ("a//b" and "a/./b" name "a/b" on POSIX,
   // "a/../b" names "b", "x/" and "." name directories).
-  const std::vector<std::string> existing = {"a/b", "b", "keep.bin",
-                                             "x/inside.bin"};
+  const std::vector<std::string> existing = {"a/b", "b", "keep.bin", "x/inside.bin"};
   for (const auto& key : existing) ASSERT_TRUE(IsOk(Put(key, key))) << key;
 
   std::string too_long;
@@ -701,22 +668,15 @@ TEST_P(BackendConformanceTest, InvalidKeysAreRejected) {
       EXPECT_TRUE(StatusIs(writer.status(), Code::kInvalidArgument))
           << "NewObject, mode " << static_cast<int>(mode);
     }
-    EXPECT_TRUE(StatusIs(backend_->OpenObject(bad.key).status(),
-                         Code::kInvalidArgument))
+    EXPECT_TRUE(StatusIs(backend_->OpenObject(bad.key).status(), Code::kInvalidArgument))
         << "OpenObject";
-    EXPECT_TRUE(
-        StatusIs(backend_->Stat(bad.key).status(), Code::kInvalidArgument))
-        << "Stat";
-    EXPECT_TRUE(StatusIs(backend_->Delete(bad.key), Code::kInvalidArgument))
-        << "Delete";
+    EXPECT_TRUE(StatusIs(backend_->Stat(bad.key).status(), Code::kInvalidArgument)) << "Stat";
+    EXPECT_TRUE(StatusIs(backend_->Delete(bad.key), Code::kInvalidArgument)) << "Delete";
     if (!bad.valid_list_prefix) {
-      EXPECT_TRUE(
-          StatusIs(backend_->List(bad.key).status(), Code::kInvalidArgument))
-          << "List";
+      EXPECT_TRUE(StatusIs(backend_->List(bad.key).status(), Code::kInvalidArgument)) << "List";
     }
     if (harness().supports_lock) {
-      EXPECT_TRUE(
-          StatusIs(backend_->TryLock(bad.key).status(), Code::kInvalidArgument))
+      EXPECT_TRUE(StatusIs(backend_->TryLock(bad.key).status(), Code::kInvalidArgument))
           << "TryLock";
     }
   }
@@ -737,8 +697,7 @@ TEST_P(BackendConformanceTest, InvalidKeysAreRejected) {
 
 TEST_P(BackendConformanceTest, TryLockIsExclusive) {
   if (!harness().supports_lock) {
-    EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(),
-                         Code::kUnimplemented));
+    EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(), Code::kUnimplemented));
     return;
   }
   auto first = backend_->TryLock("writer.lock");
@@ -746,8 +705,7 @@ TEST_P(BackendConformanceTest, TryLockIsExclusive) {
   ASSERT_NE(*first, nullptr);
 
   // Held, even against another holder in this process.
-  EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(),
-                       Code::kFailedPrecondition));
+  EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(), Code::kFailedPrecondition));
   // Locks with other names are independent.
   auto other_name = backend_->TryLock("other.lock");
   EXPECT_TRUE(IsOk(other_name.status()));
@@ -755,8 +713,7 @@ TEST_P(BackendConformanceTest, TryLockIsExclusive) {
   first->reset();  // releases it
   auto again = backend_->TryLock("writer.lock");
   EXPECT_TRUE(IsOk(again.status()));
-  EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(),
-                       Code::kFailedPrecondition));
+  EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(), Code::kFailedPrecondition));
 }
 
 TEST_P(BackendConformanceTest, TryLockExcludesAnotherBackendOnSameLocation) {
@@ -768,14 +725,12 @@ TEST_P(BackendConformanceTest, TryLockExcludesAnotherBackendOnSameLocation) {
   ASSERT_TRUE(IsOk(held.status()));
   // POSIX record locks are per process: a second open file description in
   // this process must still be refused.
-  EXPECT_TRUE(StatusIs(other->TryLock("writer.lock").status(),
-                       Code::kFailedPrecondition));
+  EXPECT_TRUE(StatusIs(other->TryLock("writer.lock").status(), Code::kFailedPrecondition));
   held->reset();
 
   auto taken = other->TryLock("writer.lock");
   ASSERT_TRUE(IsOk(taken.status()));
-  EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(),
-                       Code::kFailedPrecondition));
+  EXPECT_TRUE(StatusIs(backend_->TryLock("writer.lock").status(), Code::kFailedPrecondition));
 }
 
 TEST_P(BackendConformanceTest, TryLockRaceHasOneWinner) {
@@ -816,9 +771,7 @@ TEST_P(BackendConformanceTest, TryLockRaceHasOneWinner) {
 // ---------------------------------------------------------------------------
 // Miscellaneous.
 
-TEST_P(BackendConformanceTest, UriIsNotEmpty) {
-  EXPECT_FALSE(backend_->Uri().empty());
-}
+TEST_P(BackendConformanceTest, UriIsNotEmpty) { EXPECT_FALSE(backend_->Uri().empty()); }
 
 TEST_P(BackendConformanceTest, ConcurrentWritersThroughOneBackend) {
   constexpr int kThreads = 4;
@@ -826,14 +779,10 @@ TEST_P(BackendConformanceTest, ConcurrentWritersThroughOneBackend) {
   // Even objects share one directory; odd ones go to a directory per object
   // index that all threads create at about the same time.
   auto key_of = [](int t, int i) {
-    return i % 2 == 0 ? "conc/shared/t" + std::to_string(t) + "-" +
-                            std::to_string(i) + ".bin"
-                      : "conc/n" + std::to_string(i) + "/t" +
-                            std::to_string(t) + ".bin";
+    return i % 2 == 0 ? "conc/shared/t" + std::to_string(t) + "-" + std::to_string(i) + ".bin"
+                      : "conc/n" + std::to_string(i) + "/t" + std::to_string(t) + ".bin";
   };
-  auto bytes_of = [](int t, int i) {
-    return TestBytes(1000 + 37 * i + t, 1000 * t + i);
-  };
+  auto bytes_of = [](int t, int i) { return TestBytes(1000 + 37 * i + t, 1000 * t + i); };
 
   std::vector<std::vector<std::string>> errors(kThreads);
   std::atomic<int> ready{0};
@@ -861,8 +810,7 @@ TEST_P(BackendConformanceTest, ConcurrentWritersThroughOneBackend) {
   }
   for (auto& thread : threads) thread.join();
   for (int t = 0; t < kThreads; ++t) {
-    for (const auto& error : errors[t])
-      ADD_FAILURE() << "thread " << t << ": " << error;
+    for (const auto& error : errors[t]) ADD_FAILURE() << "thread " << t << ": " << error;
   }
 
   std::vector<std::string> want;
@@ -890,8 +838,7 @@ TEST_P(BackendConformanceTest, SecondBackendOnSameLocationSeesCommits) {
 
   auto listed = other->List("");
   ASSERT_TRUE(IsOk(listed.status()));
-  EXPECT_EQ(*listed,
-            (std::vector<std::string>{"shared/big.bin", "shared/one.bin"}));
+  EXPECT_EQ(*listed, (std::vector<std::string>{"shared/big.bin", "shared/one.bin"}));
   auto info = other->Stat("shared/big.bin");
   ASSERT_TRUE(IsOk(info.status()));
   EXPECT_EQ(info->size, big.size());
@@ -908,13 +855,11 @@ TEST_P(BackendConformanceTest, SecondBackendOnSameLocationSeesCommits) {
   ASSERT_TRUE(IsOk(got.status()));
   EXPECT_EQ(*got, "two");
   ASSERT_TRUE(IsOk(other->Delete("shared/one.bin")));
-  EXPECT_TRUE(
-      StatusIs(backend_->Stat("shared/one.bin").status(), Code::kNotFound));
+  EXPECT_TRUE(StatusIs(backend_->Stat("shared/one.bin").status(), Code::kNotFound));
 
   // The second backend honours kCreateExclusive against the first's objects.
-  EXPECT_TRUE(StatusIs(
-      PutTo(*other, "shared/big.bin", "clobber", WriteMode::kCreateExclusive),
-      Code::kAlreadyExists));
+  EXPECT_TRUE(StatusIs(PutTo(*other, "shared/big.bin", "clobber", WriteMode::kCreateExclusive),
+                       Code::kAlreadyExists));
   got = Get("shared/big.bin");
   ASSERT_TRUE(IsOk(got.status()));
   EXPECT_TRUE(SameBytes(*got, big));

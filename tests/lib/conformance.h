@@ -63,8 +63,7 @@ inline void PrintTo(const BackendHarness& harness, std::ostream* os) {
 }
 
 // Test name suffix for an instantiation: the harness's name.
-std::string BackendHarnessName(
-    const ::testing::TestParamInfo<BackendHarness>& info);
+std::string BackendHarnessName(const ::testing::TestParamInfo<BackendHarness>& info);
 
 // gtest assertion helpers: `EXPECT_TRUE(IsOk(status))`,
 // `EXPECT_TRUE(StatusIs(result.status(), Code::kNotFound))`.
@@ -73,8 +72,7 @@ std::string BackendHarnessName(
 
 // Compares byte strings without dumping megabytes into a failure message:
 // reports both sizes and the first differing offset.
-::testing::AssertionResult SameBytes(std::string_view actual,
-                                     std::string_view expected);
+::testing::AssertionResult SameBytes(std::string_view actual, std::string_view expected);
 
 class BackendConformanceTest : public ::testing::TestWithParam<BackendHarness> {
  protected:
@@ -89,23 +87,19 @@ class BackendConformanceTest : public ::testing::TestWithParam<BackendHarness> {
   std::unique_ptr<StorageBackend> OpenSameLocation();
 
   // NewObject + one Append (none if `bytes` is empty) + Commit on backend_.
-  Status Put(std::string_view key, std::string_view bytes,
-             WriteMode mode = WriteMode::kReplace);
+  Status Put(std::string_view key, std::string_view bytes, WriteMode mode = WriteMode::kReplace);
   // OpenObject + one ReadAt of the whole object (none if it is empty).
   Result<std::string> Get(std::string_view key);
 
   // The same, on any backend.
-  static Status PutTo(StorageBackend& backend, std::string_view key,
-                      std::string_view bytes,
+  static Status PutTo(StorageBackend& backend, std::string_view key, std::string_view bytes,
                       WriteMode mode = WriteMode::kReplace);
-  static Result<std::string> GetFrom(StorageBackend& backend,
-                                     std::string_view key);
+  static Result<std::string> GetFrom(StorageBackend& backend, std::string_view key);
 
   // True if the last component of `key` starts with kTempMarker.
   static bool IsTempKey(std::string_view key);
   // `keys` without the temp entries.
-  static std::vector<std::string> WithoutTempKeys(
-      const std::vector<std::string>& keys);
+  static std::vector<std::string> WithoutTempKeys(const std::vector<std::string>& keys);
 
   // `size` deterministic pseudo-random bytes (NULs included), different for
   // different seeds.
@@ -122,17 +116,16 @@ class BackendConformanceTest : public ::testing::TestWithParam<BackendHarness> {
 //
 // Use at global namespace scope, once per `prefix` in a binary. The harness
 // expressions are evaluated at global scope when gtest registers the tests.
-#define CKPTIO_INSTANTIATE_BACKEND_CONFORMANCE(prefix, ...)              \
-  static ::std::vector<::ckptio::testing::BackendHarness>                \
-      ckptio_conformance_harnesses_##prefix##_() {                       \
-    return {__VA_ARGS__};                                                \
-  }                                                                      \
-  namespace ckptio::testing {                                            \
-  INSTANTIATE_TEST_SUITE_P(                                              \
-      prefix, BackendConformanceTest,                                    \
-      ::testing::ValuesIn(::ckptio_conformance_harnesses_##prefix##_()), \
-      ::ckptio::testing::BackendHarnessName);                            \
-  }                                                                      \
+#define CKPTIO_INSTANTIATE_BACKEND_CONFORMANCE(prefix, ...)                                   \
+  static ::std::vector<::ckptio::testing::BackendHarness>                                     \
+      ckptio_conformance_harnesses_##prefix##_() {                                            \
+    return {__VA_ARGS__};                                                                     \
+  }                                                                                           \
+  namespace ckptio::testing {                                                                 \
+  INSTANTIATE_TEST_SUITE_P(prefix, BackendConformanceTest,                                    \
+                           ::testing::ValuesIn(::ckptio_conformance_harnesses_##prefix##_()), \
+                           ::ckptio::testing::BackendHarnessName);                            \
+  }                                                                                           \
   static_assert(true, "CKPTIO_INSTANTIATE_BACKEND_CONFORMANCE needs a ';'")
 
 #endif  // CKPTIO_TESTS_LIB_CONFORMANCE_H_

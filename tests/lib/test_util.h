@@ -43,15 +43,13 @@ void FlipBit(const std::string& path, uint64_t offset, int bit);
 // "delete LATEST". Thread-safe.
 class RecordingBackend : public StorageBackend {
  public:
-  explicit RecordingBackend(std::shared_ptr<StorageBackend> inner)
-      : inner_(std::move(inner)) {}
+  explicit RecordingBackend(std::shared_ptr<StorageBackend> inner) : inner_(std::move(inner)) {}
 
   std::vector<std::string> log() const;
   void Clear();
 
   std::string Uri() const override { return inner_->Uri(); }
-  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key,
-                                                  WriteMode mode) override;
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override;
   Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override;
   Result<ObjectInfo> Stat(std::string_view key) override;
   Result<std::vector<std::string>> List(std::string_view prefix) override;
@@ -66,19 +64,19 @@ class RecordingBackend : public StorageBackend {
   std::vector<std::string> log_;
 };
 
-#define CKPTIO_ASSERT_OK(expr)                       \
-  do {                                               \
-    const ::ckptio::Status ckptio_s_ = (expr);       \
-    ASSERT_TRUE(ckptio_s_.ok()) << ckptio_s_;        \
+#define CKPTIO_ASSERT_OK(expr)                 \
+  do {                                         \
+    const ::ckptio::Status ckptio_s_ = (expr); \
+    ASSERT_TRUE(ckptio_s_.ok()) << ckptio_s_;  \
   } while (0)
-#define CKPTIO_EXPECT_OK(expr)                       \
-  do {                                               \
-    const ::ckptio::Status ckptio_s_ = (expr);       \
-    EXPECT_TRUE(ckptio_s_.ok()) << ckptio_s_;        \
+#define CKPTIO_EXPECT_OK(expr)                 \
+  do {                                         \
+    const ::ckptio::Status ckptio_s_ = (expr); \
+    EXPECT_TRUE(ckptio_s_.ok()) << ckptio_s_;  \
   } while (0)
 
 // `lhs = value of rexpr`, or fail the test.
-#define CKPTIO_ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                   \
+#define CKPTIO_ASSERT_OK_AND_ASSIGN(lhs, rexpr) \
   CKPTIO_ASSERT_OK_AND_ASSIGN_IMPL_(CKPTIO_CONCAT_(ckptio_r_, __LINE__), lhs, rexpr)
 #define CKPTIO_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, rexpr) \
   auto tmp = (rexpr);                                      \

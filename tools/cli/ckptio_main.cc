@@ -44,8 +44,11 @@ std::string FormatTime(int64_t unix_ms) {
 class Progress {
  public:
   explicit Progress(uint64_t total) : total_(total), enabled_(::isatty(2) && total > 0) {}
-  ~Progress() {
+  ~Progress() { Done(); }
+  // Clears the bar; call before printing results.
+  void Done() {
     if (enabled_ && drawn_) std::cerr << "\r\033[K" << std::flush;
+    enabled_ = false;
   }
   ProgressFn Fn() {
     return [this](uint64_t n) { Add(n); };
@@ -101,9 +104,9 @@ Result<int64_t> ResolveStep(Store& store, const std::string& text) {
     if (used == text.size() && v >= 0 && v <= kMaxStep) return static_cast<int64_t>(v);
   } catch (const std::exception&) {
   }
-  return Status(Code::kInvalidArgument,
-                "step must be a number in [0, 999999999999] or \"latest\", got \"" +
-                    Printable(text) + "\"");
+  return Status(
+      Code::kInvalidArgument,
+      "step must be a number in [0, 999999999999] or \"latest\", got \"" + Printable(text) + "\"");
 }
 
 struct StepVerdict {
@@ -135,25 +138,24 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
   auto latest = (*store)->ReadLatest();
   std::optional<int64_t> latest_step;
   if (latest.ok() && latest->has_value()) latest_step = (*latest)->step;
-  std::optional<Progress> progress;
   if (verify) {
     auto total = CommittedBytes(**store);
-    progress.emplace(total.ok() ? *total : 0);
+    Progress progress(total.ok() ? *total : 0);
+    for (auto& s : *steps) {
+      if (s.state != StepState::kCommitted) continue;
+      StepVerdict v = VerifyStep(**store, s.step, progress);
+      if (!v.errors.empty()) {
+        s.state = StepState::kCorrupt;
+        s.problem = v.errors.front();
+      }
+    }
   }
   bool all_good = true;
   json out = json::array();
   if (!as_json)
     std::cout << fmt::format("{:>14}  {:<10} {:>10}  {:<20}  {}\n", "STEP", "STATE", "SIZE",
                              "CREATED (UTC)", "");
-  for (auto& s : *steps) {
-    std::string problem = s.problem;
-    if (verify && s.state == StepState::kCommitted) {
-      StepVerdict v = VerifyStep(**store, s.step, *progress);
-      if (!v.errors.empty()) {
-        s.state = StepState::kCorrupt;
-        problem = v.errors.front();
-      }
-    }
+  for (const auto& s : *steps) {
     if (s.state != StepState::kCommitted) all_good = false;
     bool is_latest = latest_step && *latest_step == s.step;
     if (as_json) {
@@ -162,13 +164,13 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
                 {"bytes", s.bytes},
                 {"created_unix_ms", s.created_unix_ms},
                 {"latest", is_latest}};
-      if (!problem.empty()) j["problem"] = problem;
+      if (!s.problem.empty()) j["problem"] = s.problem;
       out.push_back(j);
     } else {
       std::cout << fmt::format("{:>14}  {:<10} {:>10}  {:<20}  {}\n", s.step,
                                StepStateName(s.state), HumanBytes(s.bytes),
                                FormatTime(s.created_unix_ms), is_latest ? "<- LATEST" : "");
-      if (!problem.empty()) std::cout << "                " << problem << "\n";
+      if (!s.problem.empty()) std::cout << "                " << s.problem << "\n";
     }
   }
   if (as_json) {
@@ -227,6 +229,7 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
     else
       verdicts.push_back(std::move(v));
   }
+  progress.Done();
   bool ok = true;
   json out = json::array();
   for (const auto& v : verdicts) {
@@ -344,6 +347,7 @@ int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
   } else {
     report = (*store)->Check(progress.Fn());
   }
+  progress.Done();
   if (!report.ok()) return Fail(report.status());
   if (as_json) {
     json j = ReportJson(*report);
@@ -352,9 +356,9 @@ int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
   } else {
     PrintReport(*report);
     std::cout << (report->clean() ? "store is clean\n"
-                                  : repair ? "problems remain after repair\n"
-                                           : "problems found: run `ckptio fsck --repair " +
-                                                 uri + "` to fix them\n");
+                  : repair
+                      ? "problems remain after repair\n"
+                      : "problems found: run `ckptio fsck --repair " + uri + "` to fix them\n");
   }
   return report->clean() ? kExitOk : kExitBad;
 }
@@ -374,8 +378,9 @@ int CmdGc(const std::string& uri, int keep, double wait_s) {
 }
 
 int Main(int argc, char** argv) {
-  CLI::App app{"ckptio: inspect, verify, repair and trim checkpoint stores.\n"
-               "STORE is file:///abs/path or a plain path."};
+  CLI::App app{
+      "ckptio: inspect, verify, repair and trim checkpoint stores.\n"
+      "STORE is file:///abs/path or a plain path."};
   app.require_subcommand(1);
   std::string uri, step;
   bool as_json = false, verify = false, all = false, repair = false;
@@ -438,4 +443,11 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace ckptio
 
-int main(int argc, char** argv) { return ckptio::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return ckptio::Main(argc, argv);
+  } catch (const std::exception& e) {  // a bug: ckptio reports errors as Status
+    std::cerr << "ckptio: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

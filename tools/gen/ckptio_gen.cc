@@ -22,18 +22,21 @@ bool ParseSize(const std::string& text, uint64_t* out) {
   }
   std::string unit = text.substr(used);
   uint64_t mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "k" || unit == "KiB") mult = 1ull << 10;
-  else if (unit == "M" || unit == "m" || unit == "MiB") mult = 1ull << 20;
-  else if (unit == "G" || unit == "g" || unit == "GiB") mult = 1ull << 30;
-  else return false;
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "K" || unit == "k" || unit == "KiB")
+    mult = 1ull << 10;
+  else if (unit == "M" || unit == "m" || unit == "MiB")
+    mult = 1ull << 20;
+  else if (unit == "G" || unit == "g" || unit == "GiB")
+    mult = 1ull << 30;
+  else
+    return false;
   *out = v * mult;
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"ckptio-gen: write checkpoints of pseudo-random objects into a store"};
   std::string uri, size_text = "4M";
   int steps = 3, objects = 3, keep = 0;
@@ -109,4 +112,15 @@ int main(int argc, char** argv) {
     if (!info->retention.ok()) std::cerr << "ckptio-gen: warning: " << info->retention << "\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {  // a bug: ckptio reports errors as Status
+    std::cerr << "ckptio-gen: internal error: " << e.what() << "\n";
+    return 1;
+  }
 }

@@ -1,12 +1,13 @@
 // The POSIX backend: the shared conformance suite, plus what only a real
 // file system can show (planted symlinks, file:// URIs, the sync points).
+#include "ckptio/posix_backend.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <memory>
 #include <vector>
 
-#include "ckptio/posix_backend.h"
 #include "conformance.h"
 #include "test_util.h"
 
@@ -21,8 +22,8 @@ ckptio::testing::BackendHarness PosixHarness() {
   // One parent directory for the binary; a new subdirectory per location.
   static TempDir* parent = new TempDir();
   static int next_store = 0;  // gtest may copy the harness: keep counting here
-  h.make = [root = std::make_shared<std::string>(), n = &next_store](bool same_location)
-      -> std::unique_ptr<ckptio::StorageBackend> {
+  h.make = [root = std::make_shared<std::string>(),
+            n = &next_store](bool same_location) -> std::unique_ptr<ckptio::StorageBackend> {
     if (!same_location || root->empty()) {
       // An empty store; a missing root is NotFound (see MissingStore... below).
       *root = parent->Sub("store-" + std::to_string((*n)++));
@@ -125,8 +126,7 @@ TEST(PosixBackend, FailureAtEverySyncPointLeavesNoObjectAndNoTemp) {
       TempDir dir;
       PosixBackendOptions o;
       o.hook = [&](PosixSyncPoint p, const std::string&) {
-        return static_cast<int>(p) == fail_at ? Status(Code::kUnavailable, "injected")
-                                              : OkStatus();
+        return static_cast<int>(p) == fail_at ? Status(Code::kUnavailable, "injected") : OkStatus();
       };
       auto b = Open(dir.Sub("store"), o);
       auto w = b->NewObject("obj.bin", mode);

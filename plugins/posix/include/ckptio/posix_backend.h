@@ -52,8 +52,8 @@ struct PosixBackendOptions {
 
 // A backend rooted at `root` (absolute, or relative to the current
 // directory). The root is created on the first write or lock.
-Result<std::unique_ptr<StorageBackend>> NewPosixBackend(
-    std::string root, PosixBackendOptions options = {});
+Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
+                                                        PosixBackendOptions options = {});
 
 // Registers "file" (file:///abs/path, file://localhost/abs/path and plain
 // paths) in `registry`.
