@@ -380,6 +380,29 @@ Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view 
   return w;
 }
 
+std::string SerializeRecord(std::string_view format,
+                            const std::map<std::string, std::string>& fields) {
+  json obj = {{"format", format}, {"version", 1}, {"fields", fields}};
+  return Seal(std::move(obj));
+}
+
+Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
+                                                       std::string_view format,
+                                                       std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, 64 << 10));
+  Fields f(obj, "", where);
+  CKPTIO_RETURN_IF_ERROR(CheckFormat(f, format, 1, where));
+  CKPTIO_ASSIGN_OR_RETURN(const json* fields, f.Get("fields"));
+  if (!fields->is_object()) return f.Error("fields", "expected an object");
+  std::map<std::string, std::string> out;
+  for (auto it = fields->begin(); it != fields->end(); ++it) {
+    if (!it->is_string()) return f.Error("fields." + it.key(), "expected a string");
+    out.emplace(it.key(), it->get<std::string>());
+  }
+  CKPTIO_RETURN_IF_ERROR(f.NoOthers());
+  return out;
+}
+
 std::string StepDirName(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%012lld", static_cast<long long>(step));

@@ -84,6 +84,8 @@ class BackendLock {
   virtual ~BackendLock() = default;
 };
 
+enum class LockMode { kExclusive, kShared };
+
 enum class WriteMode {
   kReplace,          // Atomically replace an existing object, if any.
   kCreateExclusive,  // Fail with AlreadyExists if the key exists.
@@ -121,11 +123,15 @@ class StorageBackend {
   // becomes empty disappears with its last object.
   virtual Status Delete(std::string_view key) = 0;
 
-  // Tries once to take an exclusive inter-process lock named `key`.
-  // FailedPrecondition if another holder has it (including another holder
-  // in this process). Unimplemented if the backend cannot lock.
-  virtual Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key) {
+  // Tries once to take an inter-process lock named `key`: exclusive, or
+  // shared with other shared holders. FailedPrecondition if a conflicting
+  // holder has it; a process holds at most one lock per key, so a second
+  // TryLock of the same key in this process is FailedPrecondition whatever
+  // the modes. Unimplemented if the backend cannot lock.
+  virtual Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key,
+                                                       LockMode mode = LockMode::kExclusive) {
     (void)key;
+    (void)mode;
     return Status(Code::kUnimplemented, Uri() + ": this backend does not support locks");
   }
 };

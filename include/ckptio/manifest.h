@@ -108,6 +108,14 @@ struct WriterRecord {
 std::string SerializeWriterRecord(const WriterRecord& record);
 Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view where);
 
+// A small sealed record of string fields (the coordination records in
+// .coord/): {"format": format, "version": 1, ...fields, "checksum": ...}.
+std::string SerializeRecord(std::string_view format, const std::map<std::string, std::string>& fields);
+// DataLoss if damaged or of another format; at most 64 KiB.
+Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
+                                                       std::string_view format,
+                                                       std::string_view where);
+
 // "step-000000001200" for 1200.
 std::string StepDirName(int64_t step);
 // The step of a directory name of exactly that form; -1 otherwise.

@@ -113,7 +113,7 @@ class PosixLock : public BackendLock {
   PosixLock(FileId id, boost::interprocess::file_lock lock) : id_(id), lock_(std::move(lock)) {}
   ~PosixLock() override {
     try {
-      lock_.unlock();
+      lock_.unlock();  // F_UNLCK releases either mode
     } catch (...) {
     }
     std::lock_guard<std::mutex> g(HeldLocksMutex());
@@ -374,7 +374,7 @@ class PosixBackend : public StorageBackend {
     return OkStatus();
   }
 
-  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key) override {
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::vector<std::string> dirs;
     std::string base;
@@ -405,8 +405,8 @@ class PosixBackend : public StorageBackend {
       return Status(Code::kFailedPrecondition, path + " is already locked by this process");
     try {
       boost::interprocess::file_lock lock(path.c_str());
-      if (!lock.try_lock())
-        return Status(Code::kFailedPrecondition, path + " is locked by another process");
+      bool got = mode == LockMode::kExclusive ? lock.try_lock() : lock.try_lock_sharable();
+      if (!got) return Status(Code::kFailedPrecondition, path + " is locked by another process");
       HeldLocks().insert(id);
       return std::unique_ptr<BackendLock>(std::make_unique<PosixLock>(id, std::move(lock)));
     } catch (const boost::interprocess::interprocess_exception& e) {

@@ -117,9 +117,10 @@ Status RecordingBackend::Delete(std::string_view key) {
   return s;
 }
 
-Result<std::unique_ptr<BackendLock>> RecordingBackend::TryLock(std::string_view key) {
-  Record("lock " + std::string(key));
-  return inner_->TryLock(key);
+Result<std::unique_ptr<BackendLock>> RecordingBackend::TryLock(std::string_view key,
+                                                               LockMode mode) {
+  Record(std::string(mode == LockMode::kShared ? "lock-shared " : "lock ") + std::string(key));
+  return inner_->TryLock(key, mode);
 }
 
 }  // namespace ckptio::testing

@@ -54,7 +54,7 @@ class RecordingBackend : public StorageBackend {
   Result<ObjectInfo> Stat(std::string_view key) override;
   Result<std::vector<std::string>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
-  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key) override;
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override;
 
   void Record(std::string line);
 

@@ -1,0 +1,86 @@
+// Coordination: how the ranks of a job learn that rank 0 committed a step,
+// and agree on decisions (which step to load).
+//
+// Rank 0 calls BeginSave(step), writes and commits the checkpoint, then
+// EndSave(step, outcome). Every other rank calls WaitSaved(step) (or polls
+// PollSaved) and returns only once the step is committed, with rank 0's error
+// if its save failed, or with an error when rank 0 died or the deadline
+// passed. No rank ever sees a step before it is committed: "committed" is
+// read from the store itself (LATEST, then the step's manifest), never from
+// a signal alone.
+//
+// Modes:
+//   kManifest  waiters poll LATEST by opening and reading it (never stat or
+//              mtime, which lie on NFS), backing off from 1 ms to 50 ms.
+//   kFileLock  rank 0 holds an exclusive fcntl lock on <store>/.save-lock for
+//              the whole save; waiters poll a shared lock on it. If they get
+//              the shared lock while rank 0's save record (written under the
+//              exclusive lock, scoped by the job id) names the step as in
+//              progress, rank 0 died: they fail at once ("writer died before
+//              committing step N"), not at the deadline. A waiter arriving
+//              before rank 0 took the lock finds no such record and waits.
+//   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
+//              see ckptio/torch.h.
+// Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so
+// records of an earlier launch are never mistaken for this one's.
+#ifndef CKPTIO_COORDINATION_H_
+#define CKPTIO_COORDINATION_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ckptio/backend.h"
+#include "ckptio/rank.h"
+#include "ckptio/status.h"
+
+namespace ckptio {
+
+enum class WaitMode { kManifest, kFileLock, kStore };
+std::string_view WaitModeName(WaitMode mode);  // "manifest", "file-lock", "c10d-store"
+
+class Coordinator {
+ public:
+  virtual ~Coordinator() = default;
+  virtual WaitMode mode() const = 0;
+
+  // Rank 0, before writing `step`.
+  virtual Status BeginSave(int64_t step, std::chrono::milliseconds timeout) = 0;
+  // Rank 0, after: publishes the outcome (OK means committed).
+  virtual Status EndSave(int64_t step, const Status& outcome) = 0;
+
+  // Other ranks, once: true when `step` is committed, false while it is
+  // pending; rank 0's failure or death is returned as an error.
+  virtual Result<bool> PollSaved(int64_t step) = 0;
+  // Other ranks: PollSaved until true, an error, or the deadline
+  // (DeadlineExceeded naming the step, the mode and rank 0).
+  virtual Status WaitSaved(int64_t step, std::chrono::milliseconds timeout);
+
+  // Rank 0 publishes `payload` under `name`; the others wait for it.
+  virtual Status Publish(const std::string& name, const std::string& payload) = 0;
+  virtual Result<std::string> WaitFor(const std::string& name,
+                                      std::chrono::milliseconds timeout) = 0;
+
+ protected:
+  // Sleeps 1 ms, then doubles up to 50 ms; false once `deadline` passed.
+  class Backoff {
+   public:
+    explicit Backoff(std::chrono::steady_clock::time_point deadline) : deadline_(deadline) {}
+    bool Wait();
+
+   private:
+    std::chrono::steady_clock::time_point deadline_;
+    std::chrono::microseconds delay_{1000};
+  };
+};
+
+// kManifest or kFileLock coordination through the store at `backend`.
+// InvalidArgument for kStore (see ckptio/torch.h), or when a job of several
+// ranks has no job id (set CKPTIO_JOB_ID).
+Result<std::unique_ptr<Coordinator>> NewFileCoordinator(std::shared_ptr<StorageBackend> backend,
+                                                        const RankInfo& rank, WaitMode mode);
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_COORDINATION_H_

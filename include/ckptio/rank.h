@@ -1,0 +1,43 @@
+// RankInfo: who this process is in a distributed job.
+#ifndef CKPTIO_RANK_H_
+#define CKPTIO_RANK_H_
+
+#include <functional>
+#include <string>
+
+#include "ckptio/status.h"
+
+namespace ckptio {
+
+struct RankInfo {
+  int rank = 0;              // global rank, 0 .. world_size-1
+  int local_rank = 0;        // rank on this node, 0 .. local_world_size-1
+  int world_size = 1;
+  int local_world_size = 1;
+  // Shared by every rank of one launch and different for the next launch
+  // (torchrun's TORCHELASTIC_RUN_ID, MASTER_ADDR:MASTER_PORT, Slurm's job,
+  // step and restart count, Open MPI's job id, or CKPTIO_JOB_ID). File-based
+  // coordination scopes its records with it; empty when unknown.
+  std::string job_id;
+  std::string source;  // "torchrun", "slurm", "openmpi", "explicit", "single"
+
+  // Reads, in order of precedence, torchrun's RANK/LOCAL_RANK/WORLD_SIZE/
+  // LOCAL_WORLD_SIZE, Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS
+  // (SLURM_NTASKS_PER_NODE), or Open MPI's OMPI_COMM_WORLD_RANK/
+  // OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_SIZE/
+  // OMPI_COMM_WORLD_LOCAL_SIZE. No variables at all: a single process
+  // (rank 0 of 1). A partial set, a non-number, or values that contradict
+  // each other: InvalidArgument naming the variables.
+  static Result<RankInfo> FromEnv();
+  // The same, reading variables through `get` (for tests).
+  static Result<RankInfo> FromEnv(const std::function<const char*(const char*)>& get);
+
+  // OK if the numbers are consistent.
+  Status Validate() const;
+  // "rank 2/4 (local 0/2)".
+  std::string ToString() const;
+};
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_RANK_H_

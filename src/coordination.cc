@@ -1,0 +1,230 @@
+// File-based coordination (manifest signal and file lock); see
+// coordination.h for the protocol.
+#include "ckptio/coordination.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "ckptio/manifest.h"
+#include "ckptio/store.h"
+#include "object_io.h"
+
+namespace ckptio {
+
+std::string_view WaitModeName(WaitMode mode) {
+  switch (mode) {
+    case WaitMode::kManifest: return "manifest";
+    case WaitMode::kFileLock: return "file-lock";
+    case WaitMode::kStore: return "c10d-store";
+  }
+  return "unknown";
+}
+
+bool Coordinator::Backoff::Wait() {
+  auto now = std::chrono::steady_clock::now();
+  if (now >= deadline_) return false;
+  auto sleep = std::min<std::chrono::steady_clock::duration>(delay_, deadline_ - now);
+  std::this_thread::sleep_for(sleep);
+  delay_ = std::min<std::chrono::microseconds>(delay_ * 2, std::chrono::milliseconds(50));
+  return true;
+}
+
+Status Coordinator::WaitSaved(int64_t step, std::chrono::milliseconds timeout) {
+  Backoff backoff(std::chrono::steady_clock::now() + timeout);
+  while (true) {
+    CKPTIO_ASSIGN_OR_RETURN(bool done, PollSaved(step));
+    if (done) return OkStatus();
+    if (!backoff.Wait())
+      return Status(Code::kDeadlineExceeded,
+                    "timed out after " + std::to_string(timeout.count()) +
+                        " ms waiting for rank 0 to commit step " + std::to_string(step) +
+                        " (wait mode " + std::string(WaitModeName(mode())) +
+                        "); check that rank 0 is alive and saving, or raise the timeout");
+  }
+}
+
+namespace {
+
+constexpr std::string_view kSaveLockKey = ".save-lock";
+constexpr std::string_view kSaveRecordKey = ".coord/save";
+constexpr std::string_view kSaveFormat = "ckptio-save";
+constexpr std::string_view kDecisionFormat = "ckptio-decision";
+
+class FileCoordinator : public Coordinator {
+ public:
+  FileCoordinator(std::shared_ptr<StorageBackend> backend, RankInfo rank, WaitMode mode)
+      : backend_(std::move(backend)),
+        store_(backend_),
+        rank_(std::move(rank)),
+        job_(HashBytes(rank_.job_id).Hex().substr(0, 16)),
+        mode_(mode) {}
+
+  WaitMode mode() const override { return mode_; }
+
+  Status BeginSave(int64_t step, std::chrono::milliseconds timeout) override {
+    if (mode_ == WaitMode::kFileLock) {
+      // Waiters hold the shared lock only for an instant; keep trying.
+      Backoff backoff(std::chrono::steady_clock::now() + timeout);
+      while (true) {
+        auto lock = backend_->TryLock(kSaveLockKey, LockMode::kExclusive);
+        if (lock.ok()) {
+          save_lock_ = std::move(*lock);
+          break;
+        }
+        if (lock.status().code() != Code::kFailedPrecondition || !backoff.Wait())
+          return lock.status().WithContext("taking the save lock for step " +
+                                           std::to_string(step));
+      }
+    }
+    return WriteRecord(step, "saving", OkStatus());
+  }
+
+  Status EndSave(int64_t step, const Status& outcome) override {
+    Status s = WriteRecord(step, outcome.ok() ? "committed" : "failed", outcome);
+    save_lock_.reset();  // after the record: a waiter that gets the lock sees the outcome
+    return s;
+  }
+
+  Result<bool> PollSaved(int64_t step) override {
+    CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step));
+    if (committed) return true;
+    auto record = ReadRecord(kSaveRecordKey, kSaveFormat);
+    if (record.ok() && Mine(*record, step) && record->at("state") == "failed")
+      return Failure(*record, step);
+    if (mode_ != WaitMode::kFileLock) return false;
+    auto lock = backend_->TryLock(kSaveLockKey, LockMode::kShared);
+    if (!lock.ok()) {
+      if (lock.status().code() == Code::kFailedPrecondition) return false;  // rank 0 is saving
+      return lock.status();
+    }
+    // We hold the shared lock, so rank 0 is not inside a save: it has not
+    // started this one, has finished it, or died. Decide before releasing
+    // the lock, or rank 0 could start the save and look dead.
+    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step));
+    if (committed) return true;
+    record = ReadRecord(kSaveRecordKey, kSaveFormat);
+    lock->reset();
+    if (record.ok() && Mine(*record, step) && record->at("state") == "saving")
+      return Status(Code::kAborted,
+                    "writer died before committing step " + std::to_string(step) + ": rank 0 (" +
+                        record->at("host") + ", pid " + record->at("pid") +
+                        ") released the save lock without committing; the newest committed "
+                        "checkpoint is intact: restart the job to resume from it");
+    if (record.ok() && Mine(*record, step) && record->at("state") == "failed")
+      return Failure(*record, step);
+    return false;
+  }
+
+  Status Publish(const std::string& name, const std::string& payload) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
+    return WriteSmall(*backend_, DecisionKey(name),
+                      SerializeRecord(kDecisionFormat,
+                                      {{"job", job_}, {"name", name}, {"payload", payload}}),
+                      WriteMode::kReplace);
+  }
+
+  Result<std::string> WaitFor(const std::string& name, std::chrono::milliseconds timeout) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
+    Backoff backoff(std::chrono::steady_clock::now() + timeout);
+    while (true) {
+      auto record = ReadRecord(DecisionKey(name), kDecisionFormat);
+      if (record.ok() && record->at("job") == job_ && record->count("payload"))
+        return record->at("payload");
+      if (!record.ok() && record.status().code() != Code::kNotFound &&
+          record.status().code() != Code::kDataLoss)
+        return record.status();
+      if (!backoff.Wait())
+        return Status(Code::kDeadlineExceeded,
+                      "timed out after " + std::to_string(timeout.count()) +
+                          " ms waiting for rank 0 to publish \"" + name + "\" (wait mode " +
+                          std::string(WaitModeName(mode_)) + ")");
+    }
+  }
+
+ private:
+  static std::string DecisionKey(const std::string& name) { return ".coord/decision-" + name; }
+
+  // Rank 0's failure, with its code, as every waiter reports it.
+  static Status Failure(const std::map<std::string, std::string>& r, int64_t step) {
+    Code code = Code::kInternal;
+    auto it = r.find("code");
+    if (it != r.end() && it->second.size() <= 2 &&
+        it->second.find_first_not_of("0123456789") == std::string::npos &&
+        !it->second.empty() && std::stoi(it->second) > 0 &&
+        std::stoi(it->second) <= static_cast<int>(Code::kInternal))
+      code = static_cast<Code>(std::stoi(it->second));
+    auto msg = r.find("message");
+    return Status(code, "rank 0 failed to save step " + std::to_string(step) + ": " +
+                            (msg == r.end() ? "(no message)" : msg->second));
+  }
+
+  bool Mine(const std::map<std::string, std::string>& r, int64_t step) const {
+    auto job = r.find("job"), s = r.find("step"), st = r.find("state");
+    return job != r.end() && job->second == job_ && s != r.end() &&
+           s->second == std::to_string(step) && st != r.end();
+  }
+
+  // Committed means: LATEST (opened and read) is at or past `step`, and the
+  // step's own manifest opens.
+  Result<bool> IsCommitted(int64_t step) {
+    auto latest = store_.ReadLatest();
+    if (!latest.ok()) {
+      // A LATEST being replaced is never torn (atomic rename); a damaged one
+      // is rank 0's problem to report.
+      if (latest.status().code() == Code::kDataLoss) return false;
+      if (latest.status().code() == Code::kNotFound) return false;  // no store yet
+      return latest.status();
+    }
+    if (!latest->has_value() || (*latest)->step < step) return false;
+    auto reader = store_.OpenStep(step);
+    if (reader.ok()) return true;
+    if (reader.status().code() == Code::kNotFound) return false;
+    return reader.status();
+  }
+
+  Result<std::map<std::string, std::string>> ReadRecord(std::string_view key,
+                                                        std::string_view format) {
+    CKPTIO_ASSIGN_OR_RETURN(std::string bytes, ReadSmall(*backend_, key, 64 << 10));
+    return ParseRecord(bytes, format, backend_->Uri() + "/" + std::string(key));
+  }
+
+  Status WriteRecord(int64_t step, const std::string& state, const Status& outcome) {
+    return WriteSmall(*backend_, kSaveRecordKey,
+                      SerializeRecord(kSaveFormat,
+                                      {{"job", job_},
+                                       {"step", std::to_string(step)},
+                                       {"state", state},
+                                       {"host", HostName()},
+                                       {"pid", std::to_string(::getpid())},
+                                       {"code", std::to_string(static_cast<int>(outcome.code()))},
+                                       {"message", outcome.message()}}),
+                      WriteMode::kReplace);
+  }
+
+  std::shared_ptr<StorageBackend> backend_;
+  Store store_;
+  RankInfo rank_;
+  std::string job_;  // hash of the job id: records of other launches never match
+  WaitMode mode_;
+  std::unique_ptr<BackendLock> save_lock_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Coordinator>> NewFileCoordinator(std::shared_ptr<StorageBackend> backend,
+                                                        const RankInfo& rank, WaitMode mode) {
+  CKPTIO_RETURN_IF_ERROR(rank.Validate());
+  if (mode == WaitMode::kStore)
+    return Status(Code::kInvalidArgument,
+                  "wait mode c10d-store needs the trainer's c10d::Store (see ckptio/torch.h)");
+  if (rank.world_size > 1 && rank.job_id.empty())
+    return Status(Code::kInvalidArgument,
+                  "file-based coordination of " + std::to_string(rank.world_size) +
+                      " ranks needs a job id shared by all ranks of this launch: run under "
+                      "torchrun, ckptio-launch, Slurm or mpirun, or set CKPTIO_JOB_ID");
+  return std::unique_ptr<Coordinator>(
+      std::make_unique<FileCoordinator>(std::move(backend), rank, mode));
+}
+
+}  // namespace ckptio

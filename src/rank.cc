@@ -1,0 +1,119 @@
+#include "ckptio/rank.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace ckptio {
+
+namespace {
+
+// Parses a non-negative int; nullopt-like -1 for "absent", -2 for malformed.
+int ParseCount(const char* text) {
+  if (text == nullptr) return -1;
+  char* end = nullptr;
+  long v = std::strtol(text, &end, 10);
+  if (*text == '\0' || *end != '\0' || v < 0 || v > (1 << 24)) return -2;
+  return static_cast<int>(v);
+}
+
+struct Scheme {
+  const char* source;
+  const char* rank;
+  const char* local_rank;
+  const char* world_size;
+  const char* local_world_size;  // optional
+};
+
+constexpr Scheme kSchemes[] = {
+    {"torchrun", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"},
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+};
+
+std::string JobId(const std::function<const char*(const char*)>& get, const char* source) {
+  auto val = [&](const char* name) -> std::string {
+    const char* v = get(name);
+    return v ? v : "";
+  };
+  if (!val("CKPTIO_JOB_ID").empty()) return val("CKPTIO_JOB_ID");
+  std::string s = source;
+  if (s == "torchrun") {
+    if (!val("TORCHELASTIC_RUN_ID").empty() && val("TORCHELASTIC_RUN_ID") != "none")
+      return "torchrun:" + val("TORCHELASTIC_RUN_ID") + ":" + val("TORCHELASTIC_RESTART_COUNT");
+    if (!val("MASTER_PORT").empty())
+      return "master:" + val("MASTER_ADDR") + ":" + val("MASTER_PORT");
+  } else if (s == "slurm") {
+    if (!val("SLURM_JOB_ID").empty())
+      return "slurm:" + val("SLURM_JOB_ID") + "." + val("SLURM_STEP_ID") + ":" +
+             val("SLURM_RESTART_COUNT");
+  } else if (s == "openmpi") {
+    for (const char* name : {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri"})
+      if (!val(name).empty()) return std::string("openmpi:") + val(name);
+  }
+  return "";
+}
+
+}  // namespace
+
+Result<RankInfo> RankInfo::FromEnv() { return FromEnv([](const char* n) { return std::getenv(n); }); }
+
+Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>& get) {
+  for (const Scheme& sc : kSchemes) {
+    const char* names[] = {sc.rank, sc.local_rank, sc.world_size};
+    int present = 0;
+    for (const char* n : names) present += get(n) != nullptr;
+    if (present == 0) continue;
+    if (present < 3)
+      return Status(Code::kInvalidArgument,
+                    std::string(sc.source) + " environment is incomplete: need " + sc.rank + ", " +
+                        sc.local_rank + " and " + sc.world_size + " (found " +
+                        std::to_string(present) + " of them)");
+    RankInfo r;
+    r.source = sc.source;
+    int values[4] = {ParseCount(get(sc.rank)), ParseCount(get(sc.local_rank)),
+                     ParseCount(get(sc.world_size)), ParseCount(get(sc.local_world_size))};
+    const char* all[] = {sc.rank, sc.local_rank, sc.world_size, sc.local_world_size};
+    // Slurm's SLURM_NTASKS_PER_NODE can read "4(x2)": then it is unknown.
+    if (values[3] == -2 && std::string(sc.source) == "slurm") values[3] = -1;
+    for (int i = 0; i < 4; ++i) {
+      if (values[i] == -2)
+        return Status(Code::kInvalidArgument, std::string(all[i]) + "=\"" + get(all[i]) +
+                                                  "\" is not a non-negative integer");
+    }
+    r.rank = values[0];
+    r.local_rank = values[1];
+    r.world_size = values[2];
+    // Unknown: any local rank below world_size is possible.
+    r.local_world_size = values[3] >= 0 ? values[3] : r.world_size;
+    r.job_id = JobId(get, sc.source);
+    CKPTIO_RETURN_IF_ERROR(r.Validate().WithContext(std::string("from the ") + sc.source +
+                                                    " environment"));
+    return r;
+  }
+  RankInfo single;
+  single.source = "single";
+  single.job_id = JobId(get, "single");
+  return single;
+}
+
+Status RankInfo::Validate() const {
+  auto bad = [&](const std::string& what) {
+    return Status(Code::kInvalidArgument, "inconsistent rank identity " + ToString() + ": " + what);
+  };
+  if (world_size < 1) return bad("world size must be at least 1");
+  if (rank < 0 || rank >= world_size) return bad("rank must be in [0, world_size)");
+  if (local_world_size < 1 || local_world_size > world_size)
+    return bad("local world size must be in [1, world_size]");
+  if (local_rank < 0 || local_rank >= local_world_size)
+    return bad("local rank must be in [0, local_world_size)");
+  if (local_rank > rank) return bad("local rank cannot exceed the global rank");
+  return OkStatus();
+}
+
+std::string RankInfo::ToString() const {
+  return "rank " + std::to_string(rank) + "/" + std::to_string(world_size) + " (local " +
+         std::to_string(local_rank) + "/" + std::to_string(local_world_size) + ")";
+}
+
+}  // namespace ckptio
