@@ -200,7 +200,64 @@ Status CheckFormat(Fields& f, std::string_view expected_format, int supported_ve
   return OkStatus();
 }
 
+// The "tensors" member: each entry well-formed and inside its object.
+Status ParseTensors(Fields& f, Manifest& m, std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(const json* tensors, f.Get("tensors"));
+  if (!tensors->is_array()) return f.Error("tensors", "expected an array");
+  if (tensors->size() > kMaxTensors)
+    return f.Error("tensors", "more than " + std::to_string(kMaxTensors) + " tensors");
+  std::set<std::pair<std::string, std::string>> seen;
+  m.tensors.reserve(tensors->size());
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    const json& t = (*tensors)[i];
+    std::string path = "tensors[" + std::to_string(i) + "]";
+    if (!t.is_object()) return f.Error(path, "expected an object");
+    Fields tf(t, path, where);
+    TensorEntry e;
+    CKPTIO_ASSIGN_OR_RETURN(e.name, tf.Str("name", 1024));
+    if (e.name.empty()) return tf.Error("name", "empty");
+    CKPTIO_ASSIGN_OR_RETURN(e.object, tf.Str("object", kMaxKeyComponent + 1));
+    const ObjectEntry* obj = m.Find(e.object);
+    if (!obj) return tf.Error("object", "names no object of this checkpoint");
+    CKPTIO_ASSIGN_OR_RETURN(e.dtype, tf.Str("dtype", 8));
+    const size_t elem = DtypeSize(e.dtype);
+    if (elem == 0) return tf.Error("dtype", "unknown dtype \"" + Printable(e.dtype) + "\"");
+    CKPTIO_ASSIGN_OR_RETURN(const json* shape, tf.Get("shape"));
+    if (!shape->is_array() || shape->size() > kMaxTensorRank)
+      return tf.Error("shape", "expected an array of at most 32 sizes");
+    uint64_t count = 1;
+    for (const json& d : *shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > kMaxObjectBytes)
+        return tf.Error("shape", "sizes must be non-negative integers");
+      uint64_t dim = d.get<uint64_t>();
+      count = dim == 0 || count == 0 ? 0 : count * dim;
+      if (count > kMaxObjectBytes) return tf.Error("shape", "too many elements");
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    CKPTIO_ASSIGN_OR_RETURN(e.device, tf.Str("device", 64));
+    CKPTIO_ASSIGN_OR_RETURN(e.offset, tf.Uint("offset", 0, obj->size));
+    CKPTIO_ASSIGN_OR_RETURN(e.length, tf.Uint("length", 0, obj->size - e.offset));
+    if (e.length != count * elem)
+      return tf.Error("length", "is " + std::to_string(e.length) + " but dtype and shape need " +
+                                    std::to_string(count * elem));
+    CKPTIO_RETURN_IF_ERROR(tf.NoOthers());
+    if (!seen.emplace(e.object, e.name).second)
+      return tf.Error("name", "tensor \"" + Printable(e.name) + "\" appears twice in " + e.object);
+    m.tensors.push_back(std::move(e));
+  }
+  return OkStatus();
+}
+
 }  // namespace
+
+size_t DtypeSize(std::string_view dtype) {
+  static const std::pair<std::string_view, size_t> kSizes[] = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  for (const auto& [name, size] : kSizes)
+    if (name == dtype) return size;
+  return 0;
+}
 
 Status ValidateObjectName(std::string_view name) {
   if (name.find('/') != std::string_view::npos)
@@ -240,6 +297,15 @@ std::string SerializeManifest(const Manifest& m) {
                        {"xxh3_128", o.hash.Hex()},
                        {"chunks", std::move(chunks)}});
   }
+  json tensors = json::array();
+  for (const auto& t : m.tensors)
+    tensors.push_back({{"name", t.name},
+                       {"object", t.object},
+                       {"dtype", t.dtype},
+                       {"shape", t.shape},
+                       {"device", t.device},
+                       {"offset", t.offset},
+                       {"length", t.length}});
   json obj = {{"format", "ckptio-manifest"},
               {"version", m.format_version},
               {"step", m.step},
@@ -249,6 +315,7 @@ std::string SerializeManifest(const Manifest& m) {
               {"created_unix_ms", m.created_unix_ms},
               {"writer", m.writer},
               {"objects", std::move(objects)},
+              {"tensors", std::move(tensors)},
               {"metadata", m.metadata}};
   return Seal(std::move(obj));
 }
@@ -305,6 +372,8 @@ Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
                                          : "objects are not sorted by name");
     m.objects.push_back(std::move(e));
   }
+
+  CKPTIO_RETURN_IF_ERROR(ParseTensors(f, m, where));
 
   CKPTIO_ASSIGN_OR_RETURN(const json* meta, f.Get("metadata"));
   if (!meta->is_object()) return f.Error("metadata", "expected an object");

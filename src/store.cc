@@ -101,8 +101,8 @@ std::string_view StepStateName(StepState s) {
       return "committed";
     case StepState::kTorn:
       return "torn";
-    case StepState::kCorrupt:
-      return "corrupt";
+        case StepState::kCorrupt: return "corrupt";
+    case StepState::kUnsupported: return "unsupported";
   }
   return "unknown";
 }
@@ -136,8 +136,15 @@ Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
   auto reader = backend_->OpenObject(key);
   if (!reader.ok()) {
     Status s = reader.status();
-    if (s.code() == Code::kNotFound)
-      s = Status(Code::kDataLoss, "object is missing: " + s.message());
+    if (s.code() == Code::kNotFound) {
+      // Retired by retention while we read it, or damaged?
+      bool retired = backend_->Stat(StepDirName(step()) + "/" + std::string(kManifestName))
+                         .status()
+                         .code() == Code::kNotFound;
+      s = retired ? Status(Code::kNotFound, "the step was deleted (retention or gc) while being "
+                                            "read; open LATEST again: " + s.message())
+                  : Status(Code::kDataLoss, "object is missing: " + s.message());
+    }
     return s.WithContext("store " + backend_->Uri() + ", step " + std::to_string(step()));
   }
   if ((*reader)->Size() != e.size)
@@ -225,15 +232,12 @@ Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf,
 
 Result<std::string> CheckpointReader::ReadAll(std::string_view name) {
   CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
+  // Size first: a manifest must not make us allocate what is not there.
+  CKPTIO_RETURN_IF_ERROR(Open(*e).status());
   std::string out(e->size, '\0');
+  // Every chunk is checked against the sealed manifest, which is as strong
+  // as the whole-object hash (VerifyObject checks that one too).
   CKPTIO_RETURN_IF_ERROR(Read(name, 0, out.data(), out.size()));
-  Hash128 whole = HashBytes(out);
-  if (whole != e->hash)
-    return Status(Code::kDataLoss, "whole-object checksum mismatch in store " + backend_->Uri() +
-                                       ", step " + std::to_string(step()) + ", object " + e->name +
-                                       ", bytes [0, " + std::to_string(e->size) +
-                                       "): expected xxh3-128 " + e->hash.Hex() + ", computed " +
-                                       whole.Hex());
   return out;
 }
 
@@ -255,6 +259,7 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
     whole.Update(buf.data(), len);
     if (progress) progress(len);
   }
+  open_.erase(e->name);  // verifying a whole store must not pile up descriptors
   if (whole.Digest() != e->hash)
     return Status(Code::kDataLoss, "whole-object checksum mismatch in store " + backend_->Uri() +
                                        ", step " + std::to_string(step()) + ", object " + e->name +
@@ -283,7 +288,13 @@ struct WriterCore {
   // Aborted if another writer has claimed the store since we did.
   Status CheckFence() {
     auto rec = LoadWriterRecord(*backend);
-    if (!rec.ok()) return rec.status().WithContext("checking the writer fence");
+    if (!rec.ok()) {
+      if (rec.status().code() == Code::kNotFound)
+        return Status(Code::kAborted, "this writer (generation " + std::to_string(generation) +
+                                          ") was fenced: " + backend->Uri() +
+                                          "/.writer is gone; open a new writer to continue");
+      return rec.status().WithContext("checking the writer fence");
+    }
     if (rec->generation != generation)
       return Status(Code::kAborted,
                     "this writer (generation " + std::to_string(generation) +
@@ -306,9 +317,13 @@ struct PendingCheckpoint::State {
   Manifest manifest;
   std::set<std::string, std::less<>> names;
   int open_streams = 0;
-  bool failed = false;
+  Status failure;  // the first failure of any object; fails the commit
   bool finished = false;  // committed, or failed to commit
   bool committed = false;
+
+  void Fail(const Status& why) {
+    if (failure.ok()) failure = why;
+  }
 };
 
 struct ObjectStream::State {
@@ -321,8 +336,8 @@ struct ObjectStream::State {
   bool closed = false;
   bool dead = false;
 
-  void Die() {
-    if (!dead) owner->failed = true;
+  void Die(const Status& why) {
+    if (!dead) owner->Fail(why.WithContext("object " + entry.name));
     dead = true;
   }
 };
@@ -330,7 +345,13 @@ struct ObjectStream::State {
 ObjectStream::ObjectStream(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 ObjectStream::~ObjectStream() {
-  if (!state_->closed) --state_->owner->open_streams;
+  State& st = *state_;
+  if (st.closed) return;
+  --st.owner->open_streams;
+  // An object dropped without Close() must not vanish from a commit.
+  if (!st.dead)
+    st.owner->Fail(Status(Code::kFailedPrecondition,
+                          "object " + st.entry.name + " was abandoned without Close()"));
 }
 
 Status ObjectStream::Write(const void* data, size_t size) {
@@ -343,6 +364,7 @@ Status ObjectStream::Write(const void* data, size_t size) {
   for (size_t left = size; left > 0;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(left, cs - st.in_chunk));
     st.chunk.Update(p + (size - left), n);
+    st.whole.Update(p + (size - left), n);  // while the piece is in cache
     st.in_chunk += n;
     left -= n;
     if (st.in_chunk == cs) {
@@ -351,14 +373,14 @@ Status ObjectStream::Write(const void* data, size_t size) {
       st.in_chunk = 0;
     }
   }
-  st.whole.Update(data, size);
   st.entry.size += size;
   if (st.entry.size > kMaxObjectBytes) {
-    st.Die();
-    return Status(Code::kInvalidArgument, "object " + st.entry.name + " exceeds 256 TiB");
+    Status s(Code::kInvalidArgument, "exceeds 256 TiB");
+    st.Die(s);
+    return s;
   }
   Status s = st.writer->Append(data, size);
-  if (!s.ok()) st.Die();
+  if (!s.ok()) st.Die(s);
   return s;
 }
 
@@ -371,19 +393,21 @@ Status ObjectStream::Close() {
   st.entry.hash = st.whole.Digest();
   Status s = st.writer->Commit();
   if (!s.ok()) {
-    st.Die();
+    st.Die(s);
     return s;
   }
   st.closed = true;
   --st.owner->open_streams;
-  st.owner->manifest.objects.push_back(std::move(st.entry));
+  st.owner->manifest.objects.push_back(st.entry);
   return OkStatus();
 }
 
 PendingCheckpoint::PendingCheckpoint(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 PendingCheckpoint::~PendingCheckpoint() {
-  if (!state_->committed) {
+  // Only while we are still the store's writer: a fenced writer's names may
+  // by now belong to its successor's committed step.
+  if (!state_->committed && state_->core->CheckFence().ok()) {
     // Abandon: remove what this attempt wrote. Nothing here was ever
     // visible (no manifest), so a failure only leaves a torn step.
     for (const auto& name : state_->names) (void)state_->core->backend->Delete(state_->dir + name);
@@ -408,7 +432,7 @@ Result<std::unique_ptr<ObjectStream>> PendingCheckpoint::AddObject(std::string_v
   auto writer =
       st.core->backend->NewObject(st.dir + std::string(name), WriteMode::kCreateExclusive);
   if (!writer.ok()) {
-    st.failed = true;
+    st.Fail(writer.status().WithContext("object " + std::string(name)));
     return writer.status();
   }
   auto os = std::make_unique<ObjectStream::State>();
@@ -435,6 +459,10 @@ Status PendingCheckpoint::SetMetadata(std::string key, std::string value) {
   return OkStatus();
 }
 
+void PendingCheckpoint::AddTensor(TensorEntry tensor) {
+  state_->manifest.tensors.push_back(std::move(tensor));
+}
+
 Result<CommitInfo> PendingCheckpoint::Commit() {
   State& st = *state_;
   WriterCore& core = *st.core;
@@ -447,9 +475,7 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
                   what + ": " + std::to_string(st.open_streams) +
                       " object stream(s) still open; Close() each before Commit()");
   st.finished = true;
-  if (st.failed)
-    return Status(Code::kFailedPrecondition,
-                  what + ": an object failed to write; the checkpoint was abandoned");
+  if (!st.failure.ok()) return st.failure.WithContext(what + ": the checkpoint was abandoned");
 
   // 4. The manifest, created exclusively, commits the step.
   Manifest& m = st.manifest;
@@ -462,6 +488,12 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
   m.created_unix_ms = NowUnixMs();
   m.writer = HostName() + ":" + std::to_string(::getpid());
   const std::string bytes = SerializeManifest(m);
+  // Never commit a manifest that readers would reject (e.g. a tensor entry
+  // outside its object).
+  auto reparsed = ParseManifest(bytes, StepDirName(st.step) + "/" + std::string(kManifestName));
+  if (!reparsed.ok())
+    return Status(Code::kInvalidArgument, what + ": the checkpoint is inconsistent: " +
+                                              reparsed.status().message());
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   CKPTIO_RETURN_IF_ERROR(
       WriteSmall(backend, st.dir + std::string(kManifestName), bytes, WriteMode::kCreateExclusive)
@@ -476,6 +508,10 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
 
   // 5. LATEST names the highest committed step.
   auto latest = LoadLatest(backend);
+  if (!latest.ok() && latest.status().code() != Code::kDataLoss)
+    return latest.status().WithContext("step " + std::to_string(st.step) +
+                                       " is committed but LATEST could not be read, so it was "
+                                       "not updated (run `ckptio fsck --repair`)");
   if (!latest.ok() || !latest->has_value() || (*latest)->step <= st.step) {
     Status s = core.CheckFence();
     if (s.ok())
@@ -491,7 +527,7 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
 
   // 6. Retention.
   if (core.options.keep_last > 0) {
-    auto retired = core.CollectGarbage(core.options.keep_last, std::nullopt);
+    auto retired = core.CollectGarbage(core.options.keep_last, st.step);
     if (retired.ok()) {
       info.retired = std::move(*retired);
     } else {
@@ -503,9 +539,10 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
 
 Result<std::vector<int64_t>> WriterCore::CollectGarbage(int keep_last,
                                                         std::optional<int64_t> skip) {
-  if (keep_last < 1)
-    return Status(Code::kInvalidArgument,
-                  "keep_last must be at least 1 (got " + std::to_string(keep_last) + ")");
+    if (keep_last < 1)
+    return Status(Code::kInvalidArgument, "keep_last must be at least 1 (got " +
+                                              std::to_string(keep_last) + ")");
+  CKPTIO_RETURN_IF_ERROR(CheckFence());
   Store store(backend);
   CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
   std::vector<int64_t> committed;
@@ -592,9 +629,11 @@ Result<std::vector<StepEntry>> Store::ListSteps() {
         e.state = StepState::kCommitted;
         e.bytes = loaded->manifest.TotalBytes();
         e.created_unix_ms = loaded->manifest.created_unix_ms;
-      } else if (loaded.status().code() == Code::kDataLoss ||
-                 loaded.status().code() == Code::kFailedPrecondition) {
+      } else if (loaded.status().code() == Code::kDataLoss) {
         e.state = StepState::kCorrupt;
+        e.problem = loaded.status().message();
+      } else if (loaded.status().code() == Code::kFailedPrecondition) {
+        e.state = StepState::kUnsupported;  // a newer format: never ours to judge
         e.problem = loaded.status().message();
       } else {
         return loaded.status();
@@ -681,8 +720,11 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
   int64_t generation = 0;
   auto latest = LoadLatest(*backend_);
   if (latest.ok() && latest->has_value()) generation = (*latest)->generation;
+  if (!latest.ok() && latest.status().code() != Code::kDataLoss) return latest.status();
   auto rec = LoadWriterRecord(*backend_);
   if (rec.ok()) generation = std::max(generation, rec->generation);
+  if (!rec.ok() && rec.status().code() != Code::kNotFound && rec.status().code() != Code::kDataLoss)
+    return rec.status();
   core->generation = generation + 1;
   WriterRecord me{core->generation, HostName(), static_cast<int64_t>(::getpid()), NowUnixMs()};
   CKPTIO_RETURN_IF_ERROR(
@@ -709,9 +751,12 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
   StorageBackend& backend = store.backend();
   FsckReport r;
   CKPTIO_ASSIGN_OR_RETURN(auto keys, backend.List(""));
-  if (!we_hold_lock && backend.Stat(kLockKey).ok()) {
-    auto probe = backend.TryLock(kLockKey);
-    r.writer_active = !probe.ok() && probe.status().code() == Code::kFailedPrecondition;
+  if (!we_hold_lock) {
+    // Look without taking the lock: a trainer opening its writer right now
+    // must not find it held by fsck.
+    auto locked = backend.IsLocked(kLockKey);
+    if (!locked.ok() && locked.status().code() != Code::kUnimplemented) return locked.status();
+    r.writer_active = locked.ok() && *locked;
   }
   for (const auto& key : keys) {
     if (IsTempKey(key) && !r.writer_active)
@@ -731,6 +776,10 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
       r.problems.push_back({FsckProblem::Kind::kCorruptStep, s.step, s.problem});
       continue;
     }
+    if (s.state == StepState::kUnsupported)
+      return Status(Code::kFailedPrecondition,
+                    "step " + std::to_string(s.step) + ": " + s.problem +
+                        " (this ckptio will not judge or repair a store a newer one wrote)");
     auto reader = store.OpenStep(s.step);
     Status v =
         reader.ok() ? (verify_data ? (*reader)->Verify(progress) : OkStatus()) : reader.status();

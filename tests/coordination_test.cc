@@ -1,1 +1,1015 @@
-// placeholder
+// File-based coordination across real processes (invariants 5 and 6): W=4
+// ranks, each a forked process with its own backend, Store and Coordinator.
+// Rank 0 saves; ranks 1..3 wait. No waiter may see a step before it is
+// committed; every wait ends (rank 0's failure, its death, or the deadline).
+//
+// Children are made with fork() (this test binary starts no threads before
+// forking), talk to the parent through pipes, one line per message, and
+// always leave with _exit(). Timestamps are CLOCK_MONOTONIC nanoseconds,
+// which every process on the machine shares. Child exit codes are listed
+// below (kExit*); each failing child prints its reason to stderr.
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptio/ckptio.h"
+#include "ckptio/coordination.h"
+#include "ckptio/posix_backend.h"
+#include "ckptio/rank.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using ::ckptio::testing::RandomBytes;
+using ::ckptio::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kWorld = 4;
+
+// Child exit codes.
+constexpr int kExitOk = 0;
+constexpr int kExitSetup = 10;         // backend, store, writer or coordinator did not open
+constexpr int kExitPipe = 11;          // the parent's message did not come or was wrong
+constexpr int kExitWaitError = 12;     // WaitSaved/PollSaved returned an unexpected error
+constexpr int kExitEarlyRead = 13;     // OpenStep failed right after the wait said committed
+constexpr int kExitBadData = 14;       // the step's bytes did not verify or match the step
+constexpr int kExitLatestBehind = 15;  // LATEST below the step just waited for
+constexpr int kExitPollEarly = 16;     // PollSaved said true before rank 0 was told to save
+constexpr int kExitPollNeverFalse = 17;
+constexpr int kExitWrongOutcome = 18;  // a wait succeeded where it had to fail, or vice versa
+constexpr int kExitSaveFailed = 20;    // rank 0's save failed
+constexpr int kExitPrevStepBad = 21;   // the previous committed step is not intact
+constexpr int kExitStepVisible = 22;   // an uncommitted step is visible
+constexpr int kExitException = 5;
+constexpr int kExitNotKilled = 99;  // a child that should have been killed ran out of sleep
+
+// ---------------------------------------------------------------- plumbing
+
+int64_t NowNs() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+class Pipe {
+ public:
+  Pipe() {
+    int fds[2];
+    if (::pipe(fds) == 0) {
+      read_ = fds[0];
+      write_ = fds[1];
+    }
+  }
+  ~Pipe() {
+    CloseRead();
+    CloseWrite();
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  bool ok() const { return read_ >= 0 && write_ >= 0; }
+  int read_fd() const { return read_; }
+  int write_fd() const { return write_; }
+  void CloseRead() {
+    if (read_ >= 0) ::close(read_);
+    read_ = -1;
+  }
+  void CloseWrite() {
+    if (write_ >= 0) ::close(write_);
+    write_ = -1;
+  }
+
+ private:
+  int read_ = -1;
+  int write_ = -1;
+};
+
+void WriteLine(int fd, const std::string& line) {
+  std::string s = line + "\n";
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+// One line from fd (without '\n'); nullopt on EOF or timeout.
+std::optional<std::string> ReadLine(int fd, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::string line;
+  while (true) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return std::nullopt;
+    struct pollfd p = {fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return std::nullopt;
+    char c;
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    if (c == '\n') return line;
+    line.push_back(c);
+  }
+}
+
+// A forked child running `body`; killed and reaped if still there when the
+// handle is destroyed (so a failed assertion never leaves one behind).
+class Child {
+ public:
+  template <typename Body>
+  static Child Start(Body body) {
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = kExitException;
+      try {
+        code = body();
+      } catch (...) {
+        std::fprintf(stderr, "child %d: exception\n", static_cast<int>(::getpid()));
+        code = kExitException;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    return Child(pid);
+  }
+  Child(Child&& o) noexcept : pid_(o.pid_), reaped_(o.reaped_), status_(o.status_) { o.pid_ = -1; }
+  Child& operator=(Child&&) = delete;
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  std::optional<int> Wait(milliseconds timeout) {
+    if (reaped_) return status_;
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      int status = 0;
+      pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        reaped_ = true;
+        status_ = status;
+        return status;
+      }
+      if (r < 0 && errno != EINTR) return std::nullopt;
+      if (Clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+  // Exit code, 128+signal, or -1 on timeout.
+  int ExitCode(milliseconds timeout) {
+    auto s = Wait(timeout);
+    if (!s) return -1;
+    if (WIFEXITED(*s)) return WEXITSTATUS(*s);
+    if (WIFSIGNALED(*s)) return 128 + WTERMSIG(*s);
+    return -1;
+  }
+
+ private:
+  explicit Child(pid_t pid) : pid_(pid) {}
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+// Words of a line.
+std::vector<std::string> Split(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+// "ret <code> <t_ns> <message...>" as waiters report a wait's outcome.
+struct WaitReport {
+  Code code = Code::kInternal;
+  int64_t t_ns = 0;
+  std::string message;
+};
+std::string FormatWait(const Status& s, int64_t t_ns) {
+  std::string msg = s.message();
+  for (char& c : msg)
+    if (c == '\n') c = ' ';
+  return "ret " + std::to_string(static_cast<int>(s.code())) + " " + std::to_string(t_ns) + " " +
+         msg;
+}
+std::optional<WaitReport> ParseWait(const std::optional<std::string>& line) {
+  if (!line || line->rfind("ret ", 0) != 0) return std::nullopt;
+  std::istringstream in(line->substr(4));
+  int code = 0;
+  WaitReport r;
+  if (!(in >> code >> r.t_ns)) return std::nullopt;
+  r.code = static_cast<Code>(code);
+  std::getline(in, r.message);
+  if (!r.message.empty() && r.message.front() == ' ') r.message.erase(0, 1);
+  return r;
+}
+
+std::string NewJobId() {
+  std::random_device rd;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "job-%08x%08x", rd(), rd());
+  return buf;
+}
+
+RankInfo MakeRank(int rank, const std::string& job) {
+  RankInfo r;
+  r.rank = rank;
+  r.local_rank = rank;
+  r.world_size = kWorld;
+  r.local_world_size = kWorld;
+  r.job_id = job;
+  r.source = "explicit";
+  return r;
+}
+
+// The bytes of object data.bin of `step`: they name the step.
+std::string StepData(int64_t step) {
+  return "step=" + std::to_string(step) + ";" +
+         RandomBytes(4000 + static_cast<size_t>(step % 7) * 100, static_cast<uint64_t>(step));
+}
+
+// What one rank process holds: its own backend, Store and Coordinator.
+struct RankCtx {
+  std::shared_ptr<StorageBackend> backend;
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Coordinator> coord;
+};
+
+Status OpenRank(const std::string& path, int rank, const std::string& job, WaitMode mode,
+                RankCtx* ctx) {
+  CKPTIO_ASSIGN_OR_RETURN(auto backend, NewPosixBackend(path));
+  ctx->backend = std::shared_ptr<StorageBackend>(std::move(backend));
+  ctx->store = std::make_unique<Store>(ctx->backend);
+  CKPTIO_ASSIGN_OR_RETURN(ctx->coord,
+                          NewFileCoordinator(ctx->backend, MakeRank(rank, job), mode));
+  return OkStatus();
+}
+
+int Fail(int rank, int code, const std::string& why) {
+  std::fprintf(stderr, "[rank %d pid %d] exit %d: %s\n", rank, static_cast<int>(::getpid()), code,
+               why.c_str());
+  std::fflush(stderr);
+  return code;
+}
+
+// Opens `step`, checks every byte against the manifest and that data.bin
+// names the step. NotFound and other open errors come back as they are;
+// DataLoss for content that is not the step's.
+Status VerifyStep(Store& store, int64_t step) {
+  CKPTIO_ASSIGN_OR_RETURN(auto reader, store.OpenStep(step));
+  if (reader->step() != step)
+    return Status(Code::kDataLoss, "OpenStep(" + std::to_string(step) + ") gave step " +
+                                       std::to_string(reader->step()));
+  CKPTIO_RETURN_IF_ERROR(reader->Verify());
+  CKPTIO_ASSIGN_OR_RETURN(std::string data, reader->ReadAll("data.bin"));
+  if (data != StepData(step))
+    return Status(Code::kDataLoss, "data.bin of step " + std::to_string(step) +
+                                       " does not hold that step's bytes (starts \"" +
+                                       data.substr(0, 16) + "\")");
+  return OkStatus();
+}
+
+// Rank 0's part of one save: BeginSave, stream data.bin in pieces, a small
+// second object, Commit, EndSave. *commit_start_ns is set just before
+// Commit() is called: no waiter may return before it.
+Status SaveStep(StoreWriter& writer, Coordinator& coord, int64_t step, int64_t* commit_start_ns) {
+  CKPTIO_RETURN_IF_ERROR(coord.BeginSave(step, milliseconds(5000)));
+  Status outcome = [&]() -> Status {
+    CKPTIO_ASSIGN_OR_RETURN(auto pending, writer.Begin(step));
+    const std::string data = StepData(step);
+    {
+      CKPTIO_ASSIGN_OR_RETURN(auto stream, pending->AddObject("data.bin"));
+      const size_t piece = data.size() / 4 + 1;
+      for (size_t off = 0; off < data.size(); off += piece) {
+        CKPTIO_RETURN_IF_ERROR(stream->Write(data.data() + off, std::min(piece, data.size() - off)));
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+      CKPTIO_RETURN_IF_ERROR(stream->Close());
+    }
+    const std::string meta = "step " + std::to_string(step);
+    CKPTIO_RETURN_IF_ERROR(pending->PutObject("meta.txt", meta.data(), meta.size()));
+    if (commit_start_ns) *commit_start_ns = NowNs();
+    CKPTIO_ASSIGN_OR_RETURN(auto info, pending->Commit());
+    if (info.step != step) return Status(Code::kInternal, "committed the wrong step");
+    return OkStatus();
+  }();
+  Status ended = coord.EndSave(step, outcome);
+  return outcome.ok() ? ended : outcome;
+}
+
+WriterOptions RankZeroWriterOptions(milliseconds lock_wait = milliseconds(0)) {
+  WriterOptions o;
+  o.lock_wait = lock_wait;
+  o.world_size = kWorld;
+  o.saving_rank = 0;
+  return o;
+}
+
+// Leaves a .coord/save record naming `step` as "saving", written by rank 0
+// of another launch (job id "old-job") that never ended its save. In lock
+// mode its save lock is released when the coordinator is destroyed.
+void LeaveStaleSaveRecord(const std::string& path, WaitMode mode, int64_t step) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(path));
+  std::shared_ptr<StorageBackend> shared(std::move(backend));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord,
+                              NewFileCoordinator(shared, MakeRank(0, "old-job"), mode));
+  CKPTIO_ASSERT_OK(coord->BeginSave(step, milliseconds(2000)));
+  coord.reset();
+  struct stat st;
+  ASSERT_EQ(::stat((path + "/.coord/save").c_str(), &st), 0) << "no stale record was written";
+}
+
+class CoordinationTest : public ::testing::TestWithParam<WaitMode> {
+ protected:
+  void SetUp() override {
+    path_ = tmp_.Sub("store");
+    job_ = NewJobId();
+  }
+  WaitMode mode() const { return GetParam(); }
+  std::string mode_name() const { return std::string(WaitModeName(GetParam())); }
+
+  TempDir tmp_;
+  std::string path_;
+  std::string job_;
+};
+
+// ---------------------------------------------------------------- a. rounds
+
+// 20 saves; ranks 1 and 2 WaitSaved, rank 3 polls PollSaved. Right after
+// each wait returns the step opens and verifies, LATEST is at or past it,
+// and the wait did not return before rank 0 began to commit.
+TEST_P(CoordinationTest, WaitersNeverSeeAStepBeforeItIsCommitted) {
+  constexpr int kRounds = 20;
+  constexpr int64_t kFirst = 100;
+  constexpr int kPoller = 3;
+  Pipe to0;
+  std::vector<std::unique_ptr<Pipe>> from(kWorld);
+  for (auto& p : from) p = std::make_unique<Pipe>();
+  ASSERT_TRUE(to0.ok());
+  for (auto& p : from) ASSERT_TRUE(p->ok());
+
+  std::vector<Child> children;
+  children.push_back(Child::Start([&] {
+    const int out = from[0]->write_fd();
+    RankCtx ctx;
+    Status s = OpenRank(path_, 0, job_, mode(), &ctx);
+    if (!s.ok()) return Fail(0, kExitSetup, s.ToString());
+    auto writer = ctx.store->OpenWriter(RankZeroWriterOptions());
+    if (!writer.ok()) return Fail(0, kExitSetup, writer.status().ToString());
+    WriteLine(out, "ready");
+    for (int i = 0; i < kRounds; ++i) {
+      const int64_t step = kFirst + i;
+      auto go = ReadLine(to0.read_fd(), milliseconds(10000));
+      if (!go || *go != "go " + std::to_string(step))
+        return Fail(0, kExitPipe, "expected go " + std::to_string(step));
+      int64_t commit_ns = 0;
+      s = SaveStep(**writer, *ctx.coord, step, &commit_ns);
+      if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+      WriteLine(out, "done " + std::to_string(step) + " " + std::to_string(commit_ns));
+    }
+    return kExitOk;
+  }));
+  ASSERT_TRUE(children.back().started());
+
+  for (int rank = 1; rank < kWorld; ++rank) {
+    children.push_back(Child::Start([&, rank] {
+      const int out = from[rank]->write_fd();
+      RankCtx ctx;
+      Status s = OpenRank(path_, rank, job_, mode(), &ctx);
+      if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
+      for (int i = 0; i < kRounds; ++i) {
+        const int64_t step = kFirst + i;
+        const std::string at = "step " + std::to_string(step) + ": ";
+        int64_t pending_polls = 0;
+        if (rank == kPoller) {
+          // Rank 0 has not been told to save this step yet: it is pending.
+          auto first = ctx.coord->PollSaved(step);
+          if (!first.ok()) return Fail(rank, kExitWaitError, at + first.status().ToString());
+          if (*first) return Fail(rank, kExitPollEarly, at + "committed before rank 0 saved it");
+          ++pending_polls;
+          WriteLine(out, "ready " + std::to_string(step));
+          const auto deadline = Clock::now() + milliseconds(10000);
+          while (true) {
+            auto polled = ctx.coord->PollSaved(step);
+            if (!polled.ok()) return Fail(rank, kExitWaitError, at + polled.status().ToString());
+            if (*polled) break;
+            ++pending_polls;
+            if (Clock::now() > deadline)
+              return Fail(rank, kExitWaitError, at + "still pending after 10 s of polling");
+            std::this_thread::sleep_for(milliseconds(1));
+          }
+        } else {
+          WriteLine(out, "ready " + std::to_string(step));
+          s = ctx.coord->WaitSaved(step, milliseconds(10000));
+          if (!s.ok()) return Fail(rank, kExitWaitError, at + s.ToString());
+        }
+        const int64_t ret_ns = NowNs();
+        // The step must be there, whole, at once.
+        s = VerifyStep(*ctx.store, step);
+        if (!s.ok())
+          return Fail(rank, s.code() == Code::kDataLoss ? kExitBadData : kExitEarlyRead,
+                      at + "wait said committed, then: " + s.ToString());
+        auto latest = ctx.store->ReadLatest();
+        if (!latest.ok() || !latest->has_value() || (*latest)->step < step)
+          return Fail(rank, kExitLatestBehind,
+                      at + "LATEST behind after the wait: " +
+                          (latest.ok() ? (latest->has_value()
+                                              ? std::to_string((*latest)->step)
+                                              : std::string("none"))
+                                       : latest.status().ToString()));
+        WriteLine(out, "ret " + std::to_string(step) + " " + std::to_string(ret_ns) + " " +
+                           std::to_string(pending_polls));
+      }
+      return kExitOk;
+    }));
+    ASSERT_TRUE(children.back().started());
+  }
+  to0.CloseRead();
+  for (auto& p : from) p->CloseWrite();
+
+  auto ready = ReadLine(from[0]->read_fd(), milliseconds(10000));
+  ASSERT_EQ(ready, std::optional<std::string>("ready")) << "rank 0 did not open its writer";
+  int early = 0;
+  int64_t poller_pending = 0;
+  int poller_rounds_with_pending = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    const int64_t step = kFirst + i;
+    SCOPED_TRACE("step " + std::to_string(step));
+    for (int rank = 1; rank < kWorld; ++rank) {
+      auto line = ReadLine(from[rank]->read_fd(), milliseconds(10000));
+      ASSERT_EQ(line, std::optional<std::string>("ready " + std::to_string(step)))
+          << "rank " << rank << " (exit " << children[rank].ExitCode(milliseconds(0)) << ")";
+    }
+    WriteLine(to0.write_fd(), "go " + std::to_string(step));
+    auto done = ReadLine(from[0]->read_fd(), milliseconds(10000));
+    ASSERT_TRUE(done.has_value()) << "rank 0 did not save (exit "
+                                  << children[0].ExitCode(milliseconds(1000)) << ")";
+    auto d = Split(*done);
+    ASSERT_EQ(d.size(), 3u) << *done;
+    ASSERT_EQ(d[1], std::to_string(step)) << *done;
+    const int64_t commit_ns = std::stoll(d[2]);
+    for (int rank = 1; rank < kWorld; ++rank) {
+      auto line = ReadLine(from[rank]->read_fd(), milliseconds(10000));
+      ASSERT_TRUE(line.has_value())
+          << "rank " << rank << " did not return (exit "
+          << children[rank].ExitCode(milliseconds(1000)) << ")";
+      auto w = Split(*line);
+      ASSERT_EQ(w.size(), 4u) << *line;
+      ASSERT_EQ(w[1], std::to_string(step)) << *line;
+      const int64_t ret_ns = std::stoll(w[2]);
+      if (ret_ns < commit_ns) {
+        ++early;
+        ADD_FAILURE() << "rank " << rank << " returned from its wait for step " << step << " "
+                      << (commit_ns - ret_ns) / 1000 << " us before rank 0 began to commit it";
+      }
+      if (rank == kPoller) {
+        poller_pending += std::stoll(w[3]);
+        poller_rounds_with_pending += std::stoll(w[3]) >= 2;
+      }
+    }
+  }
+  for (int rank = 0; rank < kWorld; ++rank)
+    EXPECT_EQ(children[rank].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
+  EXPECT_EQ(early, 0);
+  // The poller saw at least one pending poll per round by construction, and
+  // should see the save in flight (pending after "go") in most rounds.
+  EXPECT_GE(poller_pending, kRounds);
+
+  Store store(std::shared_ptr<StorageBackend>(NewPosixBackend(path_).value()));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store.ReadLatest());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, kFirst + kRounds - 1);
+  std::printf("coordination: %s: %d rounds x %d waiters (2 WaitSaved, 1 PollSaved), %d early "
+              "reads, poller saw %lld pending polls (%d rounds pending after go)\n",
+              mode_name().c_str(), kRounds, kWorld - 1, early,
+              static_cast<long long>(poller_pending), poller_rounds_with_pending);
+}
+
+// ---------------------------------------------------------------- b. failure
+
+TEST_P(CoordinationTest, RankZeroFailureReachesEveryWaiterPromptly) {
+  constexpr int64_t kGood = 4;
+  constexpr int64_t kStep = 5;
+  constexpr milliseconds kDeadline(10000);
+  Pipe to0;
+  std::vector<std::unique_ptr<Pipe>> from(kWorld);
+  for (auto& p : from) p = std::make_unique<Pipe>();
+  ASSERT_TRUE(to0.ok());
+
+  std::vector<Child> children;
+  children.push_back(Child::Start([&] {
+    const int out = from[0]->write_fd();
+    RankCtx ctx;
+    Status s = OpenRank(path_, 0, job_, mode(), &ctx);
+    if (!s.ok()) return Fail(0, kExitSetup, s.ToString());
+    auto writer = ctx.store->OpenWriter(RankZeroWriterOptions());
+    if (!writer.ok()) return Fail(0, kExitSetup, writer.status().ToString());
+    s = SaveStep(**writer, *ctx.coord, kGood, nullptr);
+    if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+    WriteLine(out, "ready");
+    if (ReadLine(to0.read_fd(), milliseconds(10000)) != std::optional<std::string>("go"))
+      return Fail(0, kExitPipe, "no go");
+    s = ctx.coord->BeginSave(kStep, milliseconds(5000));
+    if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+    {
+      auto pending = (*writer)->Begin(kStep);
+      if (!pending.ok()) return Fail(0, kExitSaveFailed, pending.status().ToString());
+      const std::string data = StepData(kStep);
+      s = (*pending)->PutObject("data.bin", data.data(), data.size());
+      if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+      std::this_thread::sleep_for(milliseconds(200));
+      // "The disk filled up": abandon the checkpoint, report the failure.
+    }
+    const int64_t fail_ns = NowNs();
+    s = ctx.coord->EndSave(kStep, Status(Code::kResourceExhausted, "disk full"));
+    if (!s.ok()) return Fail(0, kExitSaveFailed, "EndSave: " + s.ToString());
+    WriteLine(out, "failed " + std::to_string(fail_ns));
+    return kExitOk;
+  }));
+  ASSERT_TRUE(children.back().started());
+  to0.CloseRead();
+  from[0]->CloseWrite();
+  ASSERT_EQ(ReadLine(from[0]->read_fd(), milliseconds(10000)), std::optional<std::string>("ready"))
+      << "rank 0 exit " << children[0].ExitCode(milliseconds(1000));
+
+  for (int rank = 1; rank < kWorld; ++rank) {
+    children.push_back(Child::Start([&, rank] {
+      const int out = from[rank]->write_fd();
+      RankCtx ctx;
+      Status s = OpenRank(path_, rank, job_, mode(), &ctx);
+      if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
+      WriteLine(out, "waiting");
+      s = ctx.coord->WaitSaved(kStep, kDeadline);
+      const int64_t ret_ns = NowNs();
+      WriteLine(out, FormatWait(s, ret_ns));
+      if (s.ok()) return Fail(rank, kExitWrongOutcome, "WaitSaved succeeded for a failed save");
+      auto visible = ctx.store->OpenStep(kStep);
+      if (visible.status().code() != Code::kNotFound)
+        return Fail(rank, kExitStepVisible, "failed step: " + visible.status().ToString());
+      s = VerifyStep(*ctx.store, kGood);
+      if (!s.ok()) return Fail(rank, kExitPrevStepBad, s.ToString());
+      return kExitOk;
+    }));
+    ASSERT_TRUE(children.back().started());
+  }
+  for (int rank = 1; rank < kWorld; ++rank) from[rank]->CloseWrite();
+  for (int rank = 1; rank < kWorld; ++rank)
+    ASSERT_EQ(ReadLine(from[rank]->read_fd(), milliseconds(10000)),
+              std::optional<std::string>("waiting"))
+        << "rank " << rank;
+  std::this_thread::sleep_for(milliseconds(50));
+  WriteLine(to0.write_fd(), "go");
+  auto failed = ReadLine(from[0]->read_fd(), milliseconds(10000));
+  ASSERT_TRUE(failed.has_value()) << "rank 0 exit " << children[0].ExitCode(milliseconds(1000));
+  auto f = Split(*failed);
+  ASSERT_EQ(f.size(), 2u) << *failed;
+  const int64_t fail_ns = std::stoll(f[1]);
+
+  int64_t slowest_ms = 0;
+  for (int rank = 1; rank < kWorld; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    auto r = ParseWait(ReadLine(from[rank]->read_fd(), milliseconds(12000)));
+    ASSERT_TRUE(r.has_value()) << "no report";
+    EXPECT_EQ(r->code, Code::kResourceExhausted) << r->message;
+    EXPECT_NE(r->message.find("disk full"), std::string::npos) << r->message;
+    EXPECT_NE(r->message.find("step " + std::to_string(kStep)), std::string::npos) << r->message;
+    EXPECT_GE(r->t_ns, fail_ns) << "returned before rank 0 reported the failure";
+    const int64_t after_ms = (r->t_ns - fail_ns) / 1000000;
+    slowest_ms = std::max(slowest_ms, after_ms);
+    EXPECT_LT(after_ms, 1000) << "the failure should arrive promptly, not near the deadline";
+  }
+  for (int rank = 0; rank < kWorld; ++rank)
+    EXPECT_EQ(children[rank].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
+  std::printf("coordination: %s: rank 0 failed step %lld (RESOURCE_EXHAUSTED), %d waiters got it "
+              "within %lld ms\n",
+              mode_name().c_str(), static_cast<long long>(kStep), kWorld - 1,
+              static_cast<long long>(slowest_ms));
+}
+
+// ---------------------------------------------------------------- c. death
+
+TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
+  constexpr int64_t kPrev = 10;
+  constexpr int64_t kStep = 11;
+  constexpr milliseconds kWaitTimeout(4000);
+  std::vector<std::unique_ptr<Pipe>> from(kWorld);
+  for (auto& p : from) p = std::make_unique<Pipe>();
+
+  // Phase 1: rank 0 commits kPrev, starts kStep and is SIGKILLed mid-object.
+  Child rank0 = Child::Start([&] {
+    const int out = from[0]->write_fd();
+    RankCtx ctx;
+    Status s = OpenRank(path_, 0, job_, mode(), &ctx);
+    if (!s.ok()) return Fail(0, kExitSetup, s.ToString());
+    auto writer = ctx.store->OpenWriter(RankZeroWriterOptions());
+    if (!writer.ok()) return Fail(0, kExitSetup, writer.status().ToString());
+    s = SaveStep(**writer, *ctx.coord, kPrev, nullptr);
+    if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+    s = ctx.coord->BeginSave(kStep, milliseconds(5000));
+    if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+    auto pending = (*writer)->Begin(kStep);
+    if (!pending.ok()) return Fail(0, kExitSaveFailed, pending.status().ToString());
+    auto stream = (*pending)->AddObject("data.bin");
+    if (!stream.ok()) return Fail(0, kExitSaveFailed, stream.status().ToString());
+    const std::string data = StepData(kStep);
+    s = (*stream)->Write(data.data(), data.size() / 2);
+    if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+    WriteLine(out, "saving");
+    for (int i = 0; i < 60; ++i) std::this_thread::sleep_for(milliseconds(1000));
+    return kExitNotKilled;
+  });
+  ASSERT_TRUE(rank0.started());
+  from[0]->CloseWrite();
+  ASSERT_EQ(ReadLine(from[0]->read_fd(), milliseconds(10000)), std::optional<std::string>("saving"))
+      << "rank 0 exit " << rank0.ExitCode(milliseconds(1000));
+
+  std::vector<Child> waiters;
+  for (int rank = 1; rank < kWorld; ++rank) {
+    waiters.push_back(Child::Start([&, rank] {
+      const int out = from[rank]->write_fd();
+      RankCtx ctx;
+      Status s = OpenRank(path_, rank, job_, mode(), &ctx);
+      if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
+      s = VerifyStep(*ctx.store, kPrev);
+      if (!s.ok()) return Fail(rank, kExitPrevStepBad, "before the wait: " + s.ToString());
+      WriteLine(out, "waiting " + std::to_string(NowNs()));
+      s = ctx.coord->WaitSaved(kStep, kWaitTimeout);
+      const int64_t ret_ns = NowNs();
+      WriteLine(out, FormatWait(s, ret_ns));
+      if (s.ok()) return Fail(rank, kExitWrongOutcome, "WaitSaved succeeded for a dead save");
+      auto visible = ctx.store->OpenStep(kStep);
+      if (visible.status().code() != Code::kNotFound)
+        return Fail(rank, kExitStepVisible, "killed step: " + visible.status().ToString());
+      s = VerifyStep(*ctx.store, kPrev);
+      if (!s.ok()) return Fail(rank, kExitPrevStepBad, "after the wait: " + s.ToString());
+      auto latest = ctx.store->ReadLatest();
+      if (!latest.ok() || !latest->has_value() || (*latest)->step != kPrev)
+        return Fail(rank, kExitPrevStepBad, "LATEST does not name the previous step");
+      return kExitOk;
+    }));
+    ASSERT_TRUE(waiters.back().started());
+  }
+  for (int rank = 1; rank < kWorld; ++rank) from[rank]->CloseWrite();
+  std::vector<int64_t> wait_start(kWorld, 0);
+  for (int rank = 1; rank < kWorld; ++rank) {
+    auto line = ReadLine(from[rank]->read_fd(), milliseconds(10000));
+    ASSERT_TRUE(line.has_value()) << "rank " << rank << " exit "
+                                  << waiters[rank - 1].ExitCode(milliseconds(1000));
+    auto w = Split(*line);
+    ASSERT_EQ(w.size(), 2u) << *line;
+    wait_start[rank] = std::stoll(w[1]);
+  }
+  std::this_thread::sleep_for(milliseconds(200));  // all are inside WaitSaved now
+  const int64_t kill_ns = NowNs();
+  ASSERT_EQ(::kill(rank0.pid(), SIGKILL), 0);
+  EXPECT_EQ(rank0.ExitCode(milliseconds(5000)), 128 + SIGKILL);
+
+  int64_t slowest_ms = 0;
+  for (int rank = 1; rank < kWorld; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    auto r = ParseWait(ReadLine(from[rank]->read_fd(), milliseconds(8000)));
+    ASSERT_TRUE(r.has_value()) << "no report";
+    if (mode() == WaitMode::kFileLock) {
+      EXPECT_EQ(r->code, Code::kAborted) << r->message;
+      EXPECT_NE(r->message.find("writer died before committing step " + std::to_string(kStep)),
+                std::string::npos)
+          << r->message;
+      const int64_t after_ms = (r->t_ns - kill_ns) / 1000000;
+      slowest_ms = std::max(slowest_ms, after_ms);
+      EXPECT_LT(after_ms, 1000) << "the death should be detected within 1 s of the kill";
+      EXPECT_GE(r->t_ns, kill_ns) << "reported the writer dead while it was alive";
+    } else {
+      EXPECT_EQ(r->code, Code::kDeadlineExceeded) << r->message;
+      EXPECT_NE(r->message.find("step " + std::to_string(kStep)), std::string::npos)
+          << r->message;
+      EXPECT_NE(r->message.find("manifest"), std::string::npos) << r->message;
+      const int64_t waited_ms = (r->t_ns - wait_start[rank]) / 1000000;
+      slowest_ms = std::max(slowest_ms, waited_ms);
+      EXPECT_GE(waited_ms, kWaitTimeout.count() - 100) << "gave up before the deadline";
+      EXPECT_LT(waited_ms, kWaitTimeout.count() + 1500) << "ran far past the deadline";
+    }
+  }
+  for (int rank = 1; rank < kWorld; ++rank)
+    EXPECT_EQ(waiters[rank - 1].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
+
+  {  // The previous checkpoint is intact; the killed one is not visible.
+    Store store(std::shared_ptr<StorageBackend>(NewPosixBackend(path_).value()));
+    CKPTIO_EXPECT_OK(VerifyStep(store, kPrev));
+    EXPECT_EQ(store.OpenStep(kStep).status().code(), Code::kNotFound);
+  }
+
+  // Phase 2: the relaunch (a new job id). New waiters first, then a new
+  // rank 0 that takes the writer lock the kernel released and saves kStep.
+  const std::string job2 = NewJobId();
+  std::vector<std::unique_ptr<Pipe>> from2(kWorld);
+  for (auto& p : from2) p = std::make_unique<Pipe>();
+  std::vector<Child> relaunch;
+  for (int rank = 1; rank < kWorld; ++rank) {
+    relaunch.push_back(Child::Start([&, rank] {
+      const int out = from2[rank]->write_fd();
+      RankCtx ctx;
+      Status s = OpenRank(path_, rank, job2, mode(), &ctx);
+      if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
+      WriteLine(out, "waiting");
+      s = ctx.coord->WaitSaved(kStep, milliseconds(10000));
+      WriteLine(out, FormatWait(s, NowNs()));
+      if (!s.ok()) return Fail(rank, kExitWaitError, "after the relaunch: " + s.ToString());
+      s = VerifyStep(*ctx.store, kStep);
+      if (!s.ok())
+        return Fail(rank, s.code() == Code::kDataLoss ? kExitBadData : kExitEarlyRead,
+                    s.ToString());
+      s = VerifyStep(*ctx.store, kPrev);
+      if (!s.ok()) return Fail(rank, kExitPrevStepBad, s.ToString());
+      return kExitOk;
+    }));
+    ASSERT_TRUE(relaunch.back().started());
+  }
+  for (int rank = 1; rank < kWorld; ++rank) {
+    from2[rank]->CloseWrite();
+    ASSERT_EQ(ReadLine(from2[rank]->read_fd(), milliseconds(10000)),
+              std::optional<std::string>("waiting"))
+        << "relaunched rank " << rank;
+  }
+  std::this_thread::sleep_for(milliseconds(100));
+  Child rank0b = Child::Start([&] {
+    const int out = from2[0]->write_fd();
+    RankCtx ctx;
+    Status s = OpenRank(path_, 0, job2, mode(), &ctx);
+    if (!s.ok()) return Fail(0, kExitSetup, s.ToString());
+    auto writer = ctx.store->OpenWriter(RankZeroWriterOptions(milliseconds(2000)));
+    if (!writer.ok()) return Fail(0, kExitSetup, "relaunch: " + writer.status().ToString());
+    s = SaveStep(**writer, *ctx.coord, kStep, nullptr);
+    if (!s.ok()) return Fail(0, kExitSaveFailed, "relaunch: " + s.ToString());
+    WriteLine(out, "done");
+    return kExitOk;
+  });
+  ASSERT_TRUE(rank0b.started());
+  from2[0]->CloseWrite();
+  EXPECT_EQ(ReadLine(from2[0]->read_fd(), milliseconds(10000)), std::optional<std::string>("done"));
+  EXPECT_EQ(rank0b.ExitCode(milliseconds(10000)), kExitOk);
+  for (int rank = 1; rank < kWorld; ++rank) {
+    auto r = ParseWait(ReadLine(from2[rank]->read_fd(), milliseconds(10000)));
+    ASSERT_TRUE(r.has_value()) << "relaunched rank " << rank << " did not report";
+    EXPECT_EQ(r->code, Code::kOk) << "relaunched rank " << rank << ": " << r->message;
+    EXPECT_EQ(relaunch[rank - 1].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
+  }
+  Store store(std::shared_ptr<StorageBackend>(NewPosixBackend(path_).value()));
+  CKPTIO_EXPECT_OK(VerifyStep(store, kPrev));
+  CKPTIO_EXPECT_OK(VerifyStep(store, kStep));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store.ReadLatest());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, kStep);
+  std::printf("coordination: %s: rank 0 SIGKILLed mid-save of step %lld; %d waiters returned %s "
+              "(slowest %lld ms %s); relaunch committed step %lld, step %lld intact\n",
+              mode_name().c_str(), static_cast<long long>(kStep), kWorld - 1,
+              mode() == WaitMode::kFileLock ? "ABORTED" : "DEADLINE_EXCEEDED",
+              static_cast<long long>(slowest_ms),
+              mode() == WaitMode::kFileLock ? "after the kill" : "after starting to wait",
+              static_cast<long long>(kStep), static_cast<long long>(kPrev));
+}
+
+// ---------------------------------------------------------------- d. race
+
+// Waiters arrive before rank 0 took the save lock, with a stale "saving"
+// record of the same step from another launch on disk: they must wait for
+// the commit, not pass early and not call the writer dead.
+TEST_P(CoordinationTest, WaitersArrivingBeforeTheSaveWaitForTheCommit) {
+  constexpr int kIterations = 3;
+  constexpr int64_t kFirst = 42;
+  constexpr int kPoller = 3;
+  int64_t min_margin_us = -1;
+  for (int it = 0; it < kIterations; ++it) {
+    const int64_t step = kFirst + it;
+    SCOPED_TRACE("step " + std::to_string(step));
+    ASSERT_NO_FATAL_FAILURE(LeaveStaleSaveRecord(path_, mode(), step));
+
+    Pipe to0;
+    std::vector<std::unique_ptr<Pipe>> from(kWorld);
+    for (auto& p : from) p = std::make_unique<Pipe>();
+    std::vector<Child> children;
+    children.push_back(Child::Start([&] {
+      const int out = from[0]->write_fd();
+      RankCtx ctx;
+      Status s = OpenRank(path_, 0, job_, mode(), &ctx);
+      if (!s.ok()) return Fail(0, kExitSetup, s.ToString());
+      auto writer = ctx.store->OpenWriter(RankZeroWriterOptions(milliseconds(2000)));
+      if (!writer.ok()) return Fail(0, kExitSetup, writer.status().ToString());
+      WriteLine(out, "ready");
+      if (ReadLine(to0.read_fd(), milliseconds(10000)) != std::optional<std::string>("go"))
+        return Fail(0, kExitPipe, "no go");
+      std::this_thread::sleep_for(milliseconds(300));
+      int64_t commit_ns = 0;
+      s = SaveStep(**writer, *ctx.coord, step, &commit_ns);
+      if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+      WriteLine(out, "commit " + std::to_string(commit_ns));
+      return kExitOk;
+    }));
+    ASSERT_TRUE(children.back().started());
+    to0.CloseRead();
+    from[0]->CloseWrite();
+    ASSERT_EQ(ReadLine(from[0]->read_fd(), milliseconds(10000)),
+              std::optional<std::string>("ready"))
+        << "rank 0 exit " << children[0].ExitCode(milliseconds(1000));
+
+    for (int rank = 1; rank < kWorld; ++rank) {
+      children.push_back(Child::Start([&, rank] {
+        const int out = from[rank]->write_fd();
+        RankCtx ctx;
+        Status s = OpenRank(path_, rank, job_, mode(), &ctx);
+        if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
+        WriteLine(out, "waiting");
+        if (rank == kPoller) {
+          const auto deadline = Clock::now() + milliseconds(10000);
+          while (true) {
+            auto polled = ctx.coord->PollSaved(step);
+            if (!polled.ok()) {
+              s = polled.status();
+              break;
+            }
+            if (*polled) {
+              s = OkStatus();
+              break;
+            }
+            if (Clock::now() > deadline) {
+              s = Status(Code::kDeadlineExceeded, "still pending after 10 s of polling");
+              break;
+            }
+            std::this_thread::sleep_for(milliseconds(1));
+          }
+        } else {
+          s = ctx.coord->WaitSaved(step, milliseconds(10000));
+        }
+        const int64_t ret_ns = NowNs();
+        Status verified = s.ok() ? VerifyStep(*ctx.store, step) : OkStatus();
+        WriteLine(out, FormatWait(s, ret_ns));
+        if (!s.ok()) return Fail(rank, kExitWaitError, s.ToString());
+        if (!verified.ok())
+          return Fail(rank, verified.code() == Code::kDataLoss ? kExitBadData : kExitEarlyRead,
+                      "wait said committed, then: " + verified.ToString());
+        return kExitOk;
+      }));
+      ASSERT_TRUE(children.back().started());
+    }
+    for (int rank = 1; rank < kWorld; ++rank) from[rank]->CloseWrite();
+    for (int rank = 1; rank < kWorld; ++rank)
+      ASSERT_EQ(ReadLine(from[rank]->read_fd(), milliseconds(10000)),
+                std::optional<std::string>("waiting"))
+          << "rank " << rank;
+    std::this_thread::sleep_for(milliseconds(20));  // inside their waits
+    WriteLine(to0.write_fd(), "go");
+    auto commit = ReadLine(from[0]->read_fd(), milliseconds(10000));
+    ASSERT_TRUE(commit.has_value()) << "rank 0 exit " << children[0].ExitCode(milliseconds(1000));
+    auto c = Split(*commit);
+    ASSERT_EQ(c.size(), 2u) << *commit;
+    const int64_t commit_ns = std::stoll(c[1]);
+    for (int rank = 1; rank < kWorld; ++rank) {
+      auto r = ParseWait(ReadLine(from[rank]->read_fd(), milliseconds(12000)));
+      ASSERT_TRUE(r.has_value()) << "rank " << rank << " did not report";
+      EXPECT_EQ(r->code, Code::kOk) << "rank " << rank << ": " << r->message;
+      EXPECT_EQ(r->message.find("writer died"), std::string::npos)
+          << "rank " << rank << " took another launch's record for this one: " << r->message;
+      EXPECT_GE(r->t_ns, commit_ns)
+          << "rank " << rank << " returned " << (commit_ns - r->t_ns) / 1000
+          << " us before rank 0 began to commit step " << step;
+      const int64_t margin = (r->t_ns - commit_ns) / 1000;
+      if (min_margin_us < 0 || margin < min_margin_us) min_margin_us = margin;
+    }
+    for (int rank = 0; rank < kWorld; ++rank)
+      EXPECT_EQ(children[rank].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
+    if (HasFailure()) return;
+  }
+  std::printf("coordination: %s: %d races (waiters before the save lock, stale 'saving' record of "
+              "job old-job), 0 early returns, first return %lld us after commit began\n",
+              mode_name().c_str(), kIterations, static_cast<long long>(min_margin_us));
+}
+
+// ---------------------------------------------------------------- e. decisions
+
+TEST_P(CoordinationTest, PublishAndWaitForIgnoreOtherJobs) {
+  {  // Another launch's decision under the same name.
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(path_));
+    std::shared_ptr<StorageBackend> shared(std::move(backend));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto old,
+                                NewFileCoordinator(shared, MakeRank(0, "old-job"), mode()));
+    CKPTIO_ASSERT_OK(old->Publish("load-1", "step=3"));
+  }
+  std::vector<std::unique_ptr<Pipe>> from(kWorld);
+  for (auto& p : from) p = std::make_unique<Pipe>();
+  std::vector<Child> waiters;
+  for (int rank = 1; rank < kWorld; ++rank) {
+    waiters.push_back(Child::Start([&, rank] {
+      const int out = from[rank]->write_fd();
+      RankCtx ctx;
+      Status s = OpenRank(path_, rank, job_, mode(), &ctx);
+      if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
+      const auto t0 = Clock::now();
+      auto stale = ctx.coord->WaitFor("load-1", milliseconds(300));
+      const auto took = Clock::now() - t0;
+      if (stale.ok())
+        return Fail(rank, kExitWrongOutcome, "took another job's decision: " + *stale);
+      if (stale.status().code() != Code::kDeadlineExceeded ||
+          stale.status().message().find("load-1") == std::string::npos)
+        return Fail(rank, kExitWaitError, stale.status().ToString());
+      if (took < milliseconds(290)) return Fail(rank, kExitWaitError, "gave up early");
+      WriteLine(out, "timedout");
+      auto got = ctx.coord->WaitFor("load-1", milliseconds(10000));
+      if (!got.ok()) return Fail(rank, kExitWaitError, got.status().ToString());
+      WriteLine(out, "got " + *got);
+      return *got == "step=7" ? kExitOk : Fail(rank, kExitWrongOutcome, "payload " + *got);
+    }));
+    ASSERT_TRUE(waiters.back().started());
+  }
+  for (int rank = 1; rank < kWorld; ++rank) from[rank]->CloseWrite();
+  for (int rank = 1; rank < kWorld; ++rank)
+    ASSERT_EQ(ReadLine(from[rank]->read_fd(), milliseconds(10000)),
+              std::optional<std::string>("timedout"))
+        << "rank " << rank << " exit " << waiters[rank - 1].ExitCode(milliseconds(1000));
+
+  Child rank0 = Child::Start([&] {
+    RankCtx ctx;
+    Status s = OpenRank(path_, 0, job_, mode(), &ctx);
+    if (!s.ok()) return Fail(0, kExitSetup, s.ToString());
+    s = ctx.coord->Publish("load-1", "step=7");
+    return s.ok() ? kExitOk : Fail(0, kExitSaveFailed, s.ToString());
+  });
+  ASSERT_TRUE(rank0.started());
+  EXPECT_EQ(rank0.ExitCode(milliseconds(10000)), kExitOk);
+  for (int rank = 1; rank < kWorld; ++rank) {
+    EXPECT_EQ(ReadLine(from[rank]->read_fd(), milliseconds(10000)),
+              std::optional<std::string>("got step=7"))
+        << "rank " << rank;
+    EXPECT_EQ(waiters[rank - 1].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
+  }
+  std::printf("coordination: %s: publish \"load-1\" reached %d waiters; another job's record "
+              "ignored (DEADLINE_EXCEEDED)\n",
+              mode_name().c_str(), kWorld - 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CoordinationTest,
+                         ::testing::Values(WaitMode::kManifest, WaitMode::kFileLock),
+                         [](const ::testing::TestParamInfo<WaitMode>& param_info) {
+                           return param_info.param == WaitMode::kManifest ? std::string("Manifest")
+                                                                    : std::string("FileLock");
+                         });
+
+// ---------------------------------------------------------------- f. setup errors
+
+TEST(NewFileCoordinatorTest, RefusesBadSetups) {
+  TempDir tmp;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(tmp.Sub("store")));
+  std::shared_ptr<StorageBackend> shared(std::move(backend));
+
+  auto no_job = NewFileCoordinator(shared, MakeRank(1, ""), WaitMode::kFileLock);
+  ASSERT_FALSE(no_job.ok()) << "several ranks without a job id";
+  EXPECT_EQ(no_job.status().code(), Code::kInvalidArgument) << no_job.status();
+  EXPECT_NE(no_job.status().message().find("CKPTIO_JOB_ID"), std::string::npos)
+      << no_job.status();
+  auto no_job_manifest = NewFileCoordinator(shared, MakeRank(0, ""), WaitMode::kManifest);
+  EXPECT_EQ(no_job_manifest.status().code(), Code::kInvalidArgument) << no_job_manifest.status();
+
+  auto store_mode = NewFileCoordinator(shared, MakeRank(0, "j"), WaitMode::kStore);
+  ASSERT_FALSE(store_mode.ok());
+  EXPECT_EQ(store_mode.status().code(), Code::kInvalidArgument) << store_mode.status();
+
+  RankInfo bad = MakeRank(0, "j");
+  bad.rank = 4;
+  EXPECT_EQ(NewFileCoordinator(shared, bad, WaitMode::kManifest).status().code(),
+            Code::kInvalidArgument);
+
+  // A single process needs no job id.
+  RankInfo single;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto one, NewFileCoordinator(shared, single, WaitMode::kFileLock));
+  EXPECT_EQ(one->mode(), WaitMode::kFileLock);
+
+  EXPECT_EQ(WaitModeName(WaitMode::kManifest), "manifest");
+  EXPECT_EQ(WaitModeName(WaitMode::kFileLock), "file-lock");
+  EXPECT_EQ(WaitModeName(WaitMode::kStore), "c10d-store");
+  std::printf("coordination: setup: no job id with 4 ranks and kStore refused (INVALID_ARGUMENT)\n");
+}
+
+}  // namespace
+}  // namespace ckptio

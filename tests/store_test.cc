@@ -258,5 +258,96 @@ TEST_F(StoreTest, ReadOfATruncatedObjectIsDataLossAndZeroesTheBuffer) {
   EXPECT_EQ(buf, std::string(100, '\0'));
 }
 
+TEST_F(StoreTest, RetentionNeverDeletesTheStepJustSaved) {
+  WriterOptions o;
+  o.keep_last = 1;
+  auto w = Writer(o);
+  ASSERT_TRUE(Save(*w, 100, {{"a", "100"}}).ok());
+  // A rollback: step 50 is below LATEST (100) and not among the newest 1,
+  // but it is what the trainer just saved.
+  auto info = Save(*w, 50, {{"a", "50"}});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->retired.empty());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(50));
+  EXPECT_EQ(*r->ReadAll("a"), "50");
+}
+
+TEST_F(StoreTest, AStreamDroppedWithoutCloseFailsTheCommit) {
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(1));
+  CKPTIO_ASSERT_OK(p->PutObject("kept", "k", 1));
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto s, p->AddObject("dropped"));
+    CKPTIO_ASSERT_OK(s->Write("x", 1));
+  }
+  auto c = p->Commit();
+  EXPECT_EQ(c.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find("dropped"), std::string::npos) << c.status();
+  EXPECT_EQ(store_->OpenStep(1).status().code(), Code::kNotFound);
+}
+
+TEST_F(StoreTest, AnObjectErrorIsReportedByCommitWithItsCode) {
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(1));
+  EXPECT_FALSE(p->AddObject("bad/name").ok());  // validation: does not poison the commit
+  CKPTIO_ASSERT_OK(p->PutObject("a", "x", 1));
+  CKPTIO_EXPECT_OK(p->Commit().status());
+}
+
+TEST_F(StoreTest, AFencedWritersAbandonedCheckpointDeletesNothing) {
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(2));
+  CKPTIO_ASSERT_OK(p->PutObject("a", "old writer", 10));
+  // A successor claims the store and commits step 2 under the same names.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, NewPosixBackend(dir_.Sub("store")));
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto rec, other->NewObject(kWriterKey, WriteMode::kReplace));
+    std::string bytes = SerializeWriterRecord({w->generation() + 1, "elsewhere", 99, 0});
+    CKPTIO_ASSERT_OK(rec->Append(bytes.data(), bytes.size()));
+    CKPTIO_ASSERT_OK(rec->Commit());
+    CKPTIO_ASSERT_OK(other->Delete("step-000000000002/a"));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto obj, other->NewObject("step-000000000002/a",
+                                                           WriteMode::kCreateExclusive));
+    CKPTIO_ASSERT_OK(obj->Append("successor", 9));
+    CKPTIO_ASSERT_OK(obj->Commit());
+  }
+  EXPECT_EQ(p->Commit().status().code(), Code::kAborted);
+  p.reset();  // the fenced writer abandons its checkpoint
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto obj, other->OpenObject("step-000000000002/a"));
+  EXPECT_EQ(obj->Size(), 9u) << "the successor's object survived";
+  EXPECT_EQ(w->CollectGarbage(1).status().code(), Code::kAborted) << "gc is fenced too";
+}
+
+TEST_F(StoreTest, AStepRetiredWhileBeingReadIsNotFoundNotCorrupt) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", "one"}}).ok());
+  ASSERT_TRUE(Save(*w, 2, {{"a", "two"}}).ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto deleted, w->CollectGarbage(1));
+  ASSERT_EQ(deleted, std::vector<int64_t>{1});
+  auto got = r->ReadAll("a");
+  EXPECT_EQ(got.status().code(), Code::kNotFound) << got.status();
+  EXPECT_NE(got.status().message().find("deleted"), std::string::npos) << got.status();
+}
+
+TEST_F(StoreTest, CheckDoesNotTakeTheWriterLock) {
+  {
+    auto w = Writer();
+    ASSERT_TRUE(Save(*w, 1, {{"a", "x"}}).ok());
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto locked, store_->backend().IsLocked(kLockKey));
+  EXPECT_FALSE(locked);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check());
+  EXPECT_FALSE(report.writer_active);
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(locked, store_->backend().IsLocked(kLockKey));
+  EXPECT_TRUE(locked);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(report, store_->Check());
+  EXPECT_TRUE(report.writer_active);
+  // And the writer still holds its lock after the check looked.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(locked, store_->backend().IsLocked(kLockKey));
+  EXPECT_TRUE(locked);
+}
+
 }  // namespace
 }  // namespace ckptio

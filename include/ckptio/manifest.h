@@ -65,6 +65,24 @@ struct ObjectEntry {
   }
 };
 
+// One tensor stored inside an object (a safetensors file written by the
+// torch adapter): where its bytes are, and what they mean.
+struct TensorEntry {
+  std::string name;    // e.g. "layer1.weight"; unique within its object
+  std::string object;  // the object holding the bytes
+  std::string dtype;   // safetensors dtype: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL
+  std::vector<int64_t> shape;
+  std::string device;  // where it lived when saved, e.g. "cuda:0", "cpu"
+  uint64_t offset = 0;  // byte range [offset, offset + length) of the object
+  uint64_t length = 0;  // = product(shape) * element size
+};
+
+// Bytes per element of a safetensors dtype name; 0 if unknown.
+size_t DtypeSize(std::string_view dtype);
+
+inline constexpr size_t kMaxTensors = 1000000;
+inline constexpr size_t kMaxTensorRank = 32;
+
 struct Manifest {
   int format_version = kManifestFormatVersion;
   int64_t step = 0;
@@ -74,6 +92,7 @@ struct Manifest {
   int64_t created_unix_ms = 0;
   std::string writer;                           // "host:pid", for humans
   std::vector<ObjectEntry> objects;             // sorted by name, unique
+  std::vector<TensorEntry> tensors;             // optional; each inside its object
   std::map<std::string, std::string> metadata;  // user metadata
 
   // nullptr if absent.

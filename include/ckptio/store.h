@@ -27,8 +27,9 @@
 // intact; what remains of the attempt is temp objects or a torn step (no
 // MANIFEST.json), which readers never see and fsck --repair removes.
 //
-// Readers never see unverified bytes: CheckpointReader checks every chunk it
-// touches against the manifest before copying a byte out.
+// Readers never get unverified bytes: CheckpointReader checks every chunk a
+// read touches against the manifest before it returns OK; whole chunks are
+// read straight into the caller's buffer and zeroed there if they fail.
 //
 // One writer per store. The lock is an fcntl lock, which POSIX ties to the
 // process: closing *any* descriptor of .lock in the process drops it. ckptio
@@ -150,6 +151,9 @@ class PendingCheckpoint {
   // AddObject + Write + Close.
   Status PutObject(std::string_view name, const void* data, size_t size);
   Status SetMetadata(std::string key, std::string value);
+  // Records a tensor stored in one of this checkpoint's objects (checked
+  // against the objects at Commit).
+  void AddTensor(TensorEntry tensor);
 
   // Commits (protocol steps 4-6). FailedPrecondition if an object stream is
   // still open or failed. After an error the checkpoint is abandoned.
@@ -178,6 +182,7 @@ enum class StepState {
   kCommitted,  // MANIFEST.json present and valid (data not checked)
   kTorn,       // no MANIFEST.json: an unfinished or abandoned save
   kCorrupt,    // MANIFEST.json present but unreadable, or data bad
+  kUnsupported,  // written by a newer ckptio (format version): never repaired
 };
 std::string_view StepStateName(StepState s);
 

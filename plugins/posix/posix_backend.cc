@@ -112,11 +112,15 @@ class PosixLock : public BackendLock {
  public:
   PosixLock(FileId id, boost::interprocess::file_lock lock) : id_(id), lock_(std::move(lock)) {}
   ~PosixLock() override {
+    // Unlock and close under the registry mutex: once the id is erased,
+    // another thread may lock the file, and our close() would drop that lock.
+    std::lock_guard<std::mutex> g(HeldLocksMutex());
     try {
       lock_.unlock();  // F_UNLCK releases either mode
     } catch (...) {
     }
-    std::lock_guard<std::mutex> g(HeldLocksMutex());
+    boost::interprocess::file_lock closing(std::move(lock_));
+    (void)closing;  // its descriptor closes here, before the erase
     HeldLocks().erase(id_);
   }
 
@@ -372,6 +376,30 @@ class PosixBackend : public StorageBackend {
       CKPTIO_RETURN_IF_ERROR(SyncFd(chain.back().get(), DirPath({dirs.begin(), dirs.begin() + i})));
     }
     return OkStatus();
+  }
+
+  Result<bool> IsLocked(std::string_view key) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+    std::vector<std::string> dirs;
+    std::string base;
+    SplitKey(key, &dirs, &base);
+    std::string path = DirPath(dirs) + "/" + base;
+    std::lock_guard<std::mutex> g(HeldLocksMutex());
+    auto dir = OpenDir(dirs, false);
+    if (!dir.ok()) return dir.status().code() == Code::kNotFound ? Result<bool>(false) : dir.status();
+    struct stat st;
+    if (::fstatat(dir->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      return errno == ENOENT ? Result<bool>(false) : ErrnoToStatus(errno, "stat " + path);
+    if (HeldLocks().count({st.st_dev, st.st_ino})) return true;
+    // Safe to open and close: this process holds no lock on the file (and
+    // cannot take one meanwhile: the registry mutex is held).
+    UniqueFd fd(::openat(dir->get(), base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (fd.get() < 0) return ErrnoToStatus(errno, "open lock file " + path);
+    struct flock probe {};
+    probe.l_type = F_WRLCK;
+    probe.l_whence = SEEK_SET;
+    if (::fcntl(fd.get(), F_GETLK, &probe) != 0) return ErrnoToStatus(errno, "F_GETLK " + path);
+    return probe.l_type != F_UNLCK;
   }
 
   Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {

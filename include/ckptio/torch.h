@@ -1,0 +1,221 @@
+// ckptio for LibTorch (library ckptio::torch): checkpoints of modules,
+// optimizers, tensors and metadata across the ranks of a data-parallel job.
+//
+//   auto rank = ckptio::RankInfo::FromEnv();                 // torchrun, Slurm, Open MPI
+//   ckptio::CheckpointerOptions opt;
+//   opt.wait = ckptio::WaitMode::kFileLock;                  // or kManifest, or kStore
+//   opt.keep_last = 3;
+//   auto ckpt = ckptio::Checkpointer::Open("/ckpt/run42", *rank, opt);
+//   ckptio::State state{{"model", *model}, {"optim", optimizer}};
+//   auto got = (*ckpt)->Load(state);                        // every rank, same step
+//   int64_t start = got.ok() && got->has_value() ? (*got)->step + 1 : 0;
+//   ...
+//   (*ckpt)->Save(step, state);   // rank 0 writes; the others return once committed
+//
+// On disk (docs/FORMAT.md): each module is "<name>.safetensors" (readable by
+// any safetensors reader), each optimizer "<name>.optim.pt" (LibTorch's own
+// archive), named tensors "tensors.safetensors"; the manifest records every
+// tensor's name, dtype, shape, saved device and byte range.
+//
+// Loading is all or nothing: every byte is verified and every tensor staged
+// (on its target device) before the first module, optimizer or tensor of the
+// caller changes; an optimizer whose archive does not fit is restored.
+#ifndef CKPTIO_TORCH_H_
+#define CKPTIO_TORCH_H_
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptio/coordination.h"
+#include "ckptio/rank.h"
+#include "ckptio/status.h"
+#include "ckptio/store.h"
+
+namespace ckptio {
+
+// One named piece of training state. Holds a reference: the object must
+// outlive the State.
+class StateItem {
+ public:
+  enum class Kind { kModule, kOptimizer, kTensor };
+
+  StateItem(std::string name, torch::nn::Module& module)
+      : name_(std::move(name)), kind_(Kind::kModule), module_(&module) {}
+  template <typename M>
+  StateItem(std::string name, torch::nn::ModuleHolder<M>& holder)
+      : StateItem(std::move(name), static_cast<torch::nn::Module&>(*holder)) {}
+  StateItem(std::string name, torch::optim::Optimizer& optimizer)
+      : name_(std::move(name)), kind_(Kind::kOptimizer), optimizer_(&optimizer) {}
+  StateItem(std::string name, torch::Tensor& tensor)
+      : name_(std::move(name)), kind_(Kind::kTensor), tensor_(&tensor) {}
+
+  const std::string& name() const { return name_; }
+  Kind kind() const { return kind_; }
+  torch::nn::Module& module() const { return *module_; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  torch::Tensor& tensor() const { return *tensor_; }
+
+ private:
+  std::string name_;
+  Kind kind_;
+  torch::nn::Module* module_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  torch::Tensor* tensor_ = nullptr;
+};
+
+// What a checkpoint holds: named modules, optimizers and tensors, plus
+// string metadata (epoch, data-loader position, RNG state...).
+struct State {
+  State() = default;
+  State(std::initializer_list<StateItem> list) : items(list) {}
+
+  std::vector<StateItem> items;
+  std::map<std::string, std::string> metadata;  // saved and loaded with the step
+
+  void SetInt(const std::string& key, int64_t value) { metadata[key] = std::to_string(value); }
+  // nullopt when absent or not an integer.
+  std::optional<int64_t> GetInt(const std::string& key) const;
+};
+
+// Where loaded tensors go.
+class MapLocation {
+ public:
+  // cuda:LOCAL_RANK when CUDA is available, else CPU.
+  static MapLocation Auto() { return MapLocation(); }
+  static MapLocation To(torch::Device device);
+  // "cpu", "cuda", "cuda:1"; InvalidArgument at Resolve if unparsable.
+  static MapLocation To(const std::string& device);
+  // Maps the device a tensor was saved from ("cuda:0", "cpu") to a target.
+  static MapLocation With(std::function<torch::Device(const std::string& saved)> fn);
+
+  // The target for a tensor saved from `saved`. A CUDA target on a machine
+  // without CUDA, or an index past the devices present, is
+  // FailedPrecondition naming the device.
+  Result<torch::Device> Resolve(const std::string& saved, const RankInfo& rank) const;
+
+ private:
+  MapLocation() = default;
+  std::function<Result<torch::Device>(const std::string&, const RankInfo&)> fn_;
+};
+
+struct CheckpointerOptions {
+  WaitMode wait = WaitMode::kManifest;
+  // The trainer's store (e.g. its TCPStore), for WaitMode::kStore.
+  c10::intrusive_ptr<c10d::Store> c10d_store;
+  int keep_last = 0;  // 0 keeps every step
+  // Every wait (for a commit, a load decision, the save lock) ends by then.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  uint64_t chunk_size = kDefaultChunkBytes;
+};
+
+struct LoadOptions {
+  std::optional<int64_t> step;  // nullopt: the newest step that verifies
+  MapLocation map_location = MapLocation::Auto();
+};
+
+struct LoadResult {
+  int64_t step = 0;
+  // Newer steps that failed verification and were skipped, with the reason
+  // (the same on every rank).
+  std::vector<std::pair<int64_t, std::string>> skipped;
+};
+
+class Checkpointer {
+ public:
+  // Rank 0 takes the store's writer lock for the Checkpointer's lifetime.
+  static Result<std::unique_ptr<Checkpointer>> Open(std::string_view uri, const RankInfo& rank,
+                                                    CheckpointerOptions options = {});
+  ~Checkpointer();
+
+  const RankInfo& rank() const { return rank_; }
+  Store& store() { return *store_; }
+
+  // Rank 0 writes and commits `step`; every other rank returns once it is
+  // committed (and its manifest opens), or with rank 0's error, "writer died"
+  // (file lock), or DeadlineExceeded.
+  Status Save(int64_t step, const State& state);
+
+  // Rank 0: Save. Other ranks: return at once; Poll() / Wait() later.
+  class Ticket {
+   public:
+    int64_t step() const { return step_; }
+    // true once committed; an error if the save failed.
+    Result<bool> Poll();
+    Status Wait();
+
+   private:
+    friend class Checkpointer;
+    Checkpointer* owner_ = nullptr;
+    int64_t step_ = 0;
+    Status done_;  // rank 0's result, or set once resolved
+    bool resolved_ = false;
+  };
+  Result<Ticket> SaveNonBlocking(int64_t step, const State& state);
+
+  // Loads into `state` on every rank: the step rank 0 chose (the newest
+  // that verifies, falling back loudly), or options.step. nullopt when the
+  // store holds no checkpoint yet (a fresh start); an error, the same on
+  // every rank, when checkpoints exist but none verifies.
+  Result<std::optional<LoadResult>> Load(State& state, const LoadOptions& options = {});
+
+ private:
+  Checkpointer() = default;
+  Status ConfirmCommitted(int64_t step);
+  Result<std::optional<LoadResult>> Decide(const LoadOptions& options);
+
+  RankInfo rank_;
+  CheckpointerOptions options_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StoreWriter> writer_;  // rank 0 only
+  std::unique_ptr<Coordinator> coordinator_;
+  uint64_t load_seq_ = 0;
+};
+
+// Coordination through a c10d::Store (WaitMode::kStore).
+Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(c10::intrusive_ptr<c10d::Store> store,
+                                                        const RankInfo& rank);
+
+// Writes `tensors` as a safetensors object of `pending` and records each in
+// its manifest. `devices` (optional, same order) overrides the recorded
+// saved-from device. Lower level than Checkpointer; used by tests and tools.
+Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::vector<std::string>& devices = {});
+
+// Reads tensor `name` of `object` from a verified checkpoint onto `device`.
+Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
+                                 torch::Device device);
+
+// One-line adoption, mirroring torch::save / torch::load: save commits the
+// next step of the store at `uri` (single process), load reads the newest
+// one that verifies onto `device`.
+Status save(torch::nn::Module& module, std::string_view uri);
+Status save(torch::optim::Optimizer& optimizer, std::string_view uri);
+Status save(torch::Tensor& tensor, std::string_view uri);
+template <typename M>
+Status save(torch::nn::ModuleHolder<M>& module, std::string_view uri) {
+  return save(static_cast<torch::nn::Module&>(*module), uri);
+}
+Status load(torch::nn::Module& module, std::string_view uri, torch::Device device = torch::kCPU);
+Status load(torch::optim::Optimizer& optimizer, std::string_view uri,
+            torch::Device device = torch::kCPU);
+Status load(torch::Tensor& tensor, std::string_view uri, torch::Device device = torch::kCPU);
+template <typename M>
+Status load(torch::nn::ModuleHolder<M>& module, std::string_view uri,
+            torch::Device device = torch::kCPU) {
+  return load(static_cast<torch::nn::Module&>(*module), uri, device);
+}
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_TORCH_H_

@@ -1,0 +1,199 @@
+// Tensors <-> safetensors objects, and map_location.
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "ckptio/torch.h"
+
+namespace ckptio {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct DtypeName {
+  torch::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {torch::kFloat64, "F64"}, {torch::kFloat32, "F32"}, {torch::kFloat16, "F16"},
+    {torch::kBFloat16, "BF16"}, {torch::kInt64, "I64"},  {torch::kInt32, "I32"},
+    {torch::kInt16, "I16"},   {torch::kInt8, "I8"},     {torch::kUInt8, "U8"},
+    {torch::kBool, "BOOL"},
+};
+
+const char* NameOf(torch::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  return nullptr;
+}
+
+std::optional<torch::ScalarType> TypeOf(const std::string& name) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return d.type;
+  return std::nullopt;
+}
+
+}  // namespace
+
+Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::vector<std::string>& devices) {
+  struct Item {
+    std::string name;
+    torch::Tensor cpu;  // contiguous, on the CPU
+    std::string device;
+    const char* dtype;
+    uint64_t begin = 0, end = 0;
+  };
+  std::vector<Item> items;
+  items.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    if (!t.defined()) continue;
+    const char* dtype = NameOf(t.scalar_type());
+    if (!dtype)
+      return Status(Code::kInvalidArgument,
+                    "tensor \"" + name + "\" of " + object + " has dtype " +
+                        std::string(c10::toString(t.scalar_type())) +
+                        ", which safetensors cannot hold (supported: f64 f32 f16 bf16 i64 i32 "
+                        "i16 i8 u8 bool)");
+    items.push_back({name, t.detach().to(torch::kCPU).contiguous(),
+                     i < devices.size() ? devices[i] : t.device().str(), dtype});
+  }
+  // Larger elements first, then by name: every tensor starts at a multiple
+  // of its element size (the data section itself starts 8-aligned).
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    if (a.cpu.element_size() != b.cpu.element_size())
+      return a.cpu.element_size() > b.cpu.element_size();
+    return a.name < b.name;
+  });
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t pos = 0;
+  for (auto& it : items) {
+    it.begin = pos;
+    it.end = pos + it.cpu.nbytes();
+    pos = it.end;
+    if (header.contains(it.name))
+      return Status(Code::kInvalidArgument, "tensor name \"" + it.name + "\" repeats in " + object);
+    header[it.name] = {{"dtype", it.dtype},
+                       {"shape", it.cpu.sizes().vec()},
+                       {"data_offsets", {it.begin, it.end}}};
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  const uint64_t data_start = 8 + text.size();
+
+  CKPTIO_ASSIGN_OR_RETURN(auto stream, pending.AddObject(object));
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+  CKPTIO_RETURN_IF_ERROR(stream->Write(len, sizeof len));
+  CKPTIO_RETURN_IF_ERROR(stream->Write(text.data(), text.size()));
+  for (const auto& it : items) {
+    if (it.cpu.nbytes() > 0)
+      CKPTIO_RETURN_IF_ERROR(stream->Write(it.cpu.data_ptr(), it.cpu.nbytes()));
+    TensorEntry e;
+    e.name = it.name;
+    e.object = object;
+    e.dtype = it.dtype;
+    e.shape = it.cpu.sizes().vec();
+    e.device = it.device;
+    e.offset = data_start + it.begin;
+    e.length = it.end - it.begin;
+    pending.AddTensor(std::move(e));
+  }
+  return stream->Close();
+}
+
+Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
+                                 torch::Device device) {
+  auto type = TypeOf(entry.dtype);
+  if (!type)
+    return Status(Code::kDataLoss, "tensor " + entry.name + " has unknown dtype " + entry.dtype);
+  torch::Tensor cpu = torch::empty(entry.shape, torch::TensorOptions().dtype(*type));
+  if (entry.length != cpu.nbytes())
+    return Status(Code::kDataLoss, "tensor " + entry.name + ": manifest length " +
+                                       std::to_string(entry.length) + " does not match its shape");
+  if (entry.length > 0)
+    CKPTIO_RETURN_IF_ERROR(reader.Read(entry.object, entry.offset, cpu.data_ptr(), entry.length));
+  if (device.is_cpu()) return cpu;
+  try {
+    return cpu.to(device);
+  } catch (const c10::Error& e) {
+    return Status(Code::kFailedPrecondition,
+                  "moving tensor " + entry.name + " to " + device.str() + ": " + e.what_without_backtrace());
+  }
+}
+
+// ------------------------------------------------------------- map_location
+
+namespace {
+Result<torch::Device> Checked(torch::Device d, const std::string& asked) {
+  if (d.is_cuda()) {
+    if (!torch::cuda::is_available())
+      return Status(Code::kFailedPrecondition,
+                    "map_location asks for " + asked +
+                        " but CUDA is not available on this machine; load with "
+                        "map_location \"cpu\" (or Auto)");
+    const int64_t n = static_cast<int64_t>(torch::cuda::device_count());
+    if (d.has_index() && d.index() >= n)
+      return Status(Code::kFailedPrecondition, "map_location asks for " + asked + " but only " +
+                                                   std::to_string(n) + " CUDA device(s) exist");
+  }
+  return d;
+}
+
+Result<torch::Device> Parse(const std::string& text) {
+  try {
+    return torch::Device(text);
+  } catch (const c10::Error&) {
+    return Status(Code::kInvalidArgument, "map_location \"" + text +
+                                              "\" is not a device (use \"cpu\", \"cuda\" or "
+                                              "\"cuda:N\")");
+  }
+}
+}  // namespace
+
+MapLocation MapLocation::To(torch::Device device) {
+  MapLocation m;
+  m.fn_ = [device](const std::string&, const RankInfo&) { return Checked(device, device.str()); };
+  return m;
+}
+
+MapLocation MapLocation::To(const std::string& device) {
+  MapLocation m;
+  m.fn_ = [device](const std::string&, const RankInfo&) -> Result<torch::Device> {
+    CKPTIO_ASSIGN_OR_RETURN(torch::Device d, Parse(device));
+    return Checked(d, device);
+  };
+  return m;
+}
+
+MapLocation MapLocation::With(std::function<torch::Device(const std::string& saved)> fn) {
+  MapLocation m;
+  m.fn_ = [fn = std::move(fn)](const std::string& saved, const RankInfo&) -> Result<torch::Device> {
+    torch::Device d = fn(saved);
+    return Checked(d, d.str());
+  };
+  return m;
+}
+
+Result<torch::Device> MapLocation::Resolve(const std::string& saved, const RankInfo& rank) const {
+  if (fn_) return fn_(saved, rank);
+  // Auto: this rank's own GPU, never the one the tensor was saved from.
+  if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+  torch::Device d(torch::kCUDA, static_cast<c10::DeviceIndex>(rank.local_rank));
+  return Checked(d, d.str() + " (auto: LOCAL_RANK " + std::to_string(rank.local_rank) + ")");
+}
+
+std::optional<int64_t> State::GetInt(const std::string& key) const {
+  auto it = metadata.find(key);
+  if (it == metadata.end() || it->second.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (*end != '\0' || errno != 0) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace ckptio
