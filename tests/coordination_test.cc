@@ -8,6 +8,8 @@
 // always leave with _exit(). Timestamps are CLOCK_MONOTONIC nanoseconds,
 // which every process on the machine shares. Child exit codes are listed
 // below (kExit*); each failing child prints its reason to stderr.
+#include "ckptio/coordination.h"
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -27,7 +29,6 @@
 #include <vector>
 
 #include "ckptio/ckptio.h"
-#include "ckptio/coordination.h"
 #include "ckptio/posix_backend.h"
 #include "ckptio/rank.h"
 #include "test_util.h"
@@ -264,8 +265,7 @@ Status OpenRank(const std::string& path, int rank, const std::string& job, WaitM
   CKPTIO_ASSIGN_OR_RETURN(auto backend, NewPosixBackend(path));
   ctx->backend = std::shared_ptr<StorageBackend>(std::move(backend));
   ctx->store = std::make_unique<Store>(ctx->backend);
-  CKPTIO_ASSIGN_OR_RETURN(ctx->coord,
-                          NewFileCoordinator(ctx->backend, MakeRank(rank, job), mode));
+  CKPTIO_ASSIGN_OR_RETURN(ctx->coord, NewFileCoordinator(ctx->backend, MakeRank(rank, job), mode));
   return OkStatus();
 }
 
@@ -305,7 +305,8 @@ Status SaveStep(StoreWriter& writer, Coordinator& coord, int64_t step, int64_t* 
       CKPTIO_ASSIGN_OR_RETURN(auto stream, pending->AddObject("data.bin"));
       const size_t piece = data.size() / 4 + 1;
       for (size_t off = 0; off < data.size(); off += piece) {
-        CKPTIO_RETURN_IF_ERROR(stream->Write(data.data() + off, std::min(piece, data.size() - off)));
+        CKPTIO_RETURN_IF_ERROR(
+            stream->Write(data.data() + off, std::min(piece, data.size() - off)));
         std::this_thread::sleep_for(milliseconds(1));
       }
       CKPTIO_RETURN_IF_ERROR(stream->Close());
@@ -335,8 +336,7 @@ WriterOptions RankZeroWriterOptions(milliseconds lock_wait = milliseconds(0)) {
 void LeaveStaleSaveRecord(const std::string& path, WaitMode mode, int64_t step) {
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(path));
   std::shared_ptr<StorageBackend> shared(std::move(backend));
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord,
-                              NewFileCoordinator(shared, MakeRank(0, "old-job"), mode));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord, NewFileCoordinator(shared, MakeRank(0, "old-job"), mode));
   CKPTIO_ASSERT_OK(coord->BeginSave(step, milliseconds(2000)));
   coord.reset();
   struct stat st;
@@ -437,9 +437,8 @@ TEST_P(CoordinationTest, WaitersNeverSeeAStepBeforeItIsCommitted) {
         if (!latest.ok() || !latest->has_value() || (*latest)->step < step)
           return Fail(rank, kExitLatestBehind,
                       at + "LATEST behind after the wait: " +
-                          (latest.ok() ? (latest->has_value()
-                                              ? std::to_string((*latest)->step)
-                                              : std::string("none"))
+                          (latest.ok() ? (latest->has_value() ? std::to_string((*latest)->step)
+                                                              : std::string("none"))
                                        : latest.status().ToString()));
         WriteLine(out, "ret " + std::to_string(step) + " " + std::to_string(ret_ns) + " " +
                            std::to_string(pending_polls));
@@ -474,9 +473,8 @@ TEST_P(CoordinationTest, WaitersNeverSeeAStepBeforeItIsCommitted) {
     const int64_t commit_ns = std::stoll(d[2]);
     for (int rank = 1; rank < kWorld; ++rank) {
       auto line = ReadLine(from[rank]->read_fd(), milliseconds(10000));
-      ASSERT_TRUE(line.has_value())
-          << "rank " << rank << " did not return (exit "
-          << children[rank].ExitCode(milliseconds(1000)) << ")";
+      ASSERT_TRUE(line.has_value()) << "rank " << rank << " did not return (exit "
+                                    << children[rank].ExitCode(milliseconds(1000)) << ")";
       auto w = Split(*line);
       ASSERT_EQ(w.size(), 4u) << *line;
       ASSERT_EQ(w[1], std::to_string(step)) << *line;
@@ -503,10 +501,11 @@ TEST_P(CoordinationTest, WaitersNeverSeeAStepBeforeItIsCommitted) {
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store.ReadLatest());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, kFirst + kRounds - 1);
-  std::printf("coordination: %s: %d rounds x %d waiters (2 WaitSaved, 1 PollSaved), %d early "
-              "reads, poller saw %lld pending polls (%d rounds pending after go)\n",
-              mode_name().c_str(), kRounds, kWorld - 1, early,
-              static_cast<long long>(poller_pending), poller_rounds_with_pending);
+  std::printf(
+      "coordination: %s: %d rounds x %d waiters (2 WaitSaved, 1 PollSaved), %d early "
+      "reads, poller saw %lld pending polls (%d rounds pending after go)\n",
+      mode_name().c_str(), kRounds, kWorld - 1, early, static_cast<long long>(poller_pending),
+      poller_rounds_with_pending);
 }
 
 // ---------------------------------------------------------------- b. failure
@@ -604,10 +603,11 @@ TEST_P(CoordinationTest, RankZeroFailureReachesEveryWaiterPromptly) {
   }
   for (int rank = 0; rank < kWorld; ++rank)
     EXPECT_EQ(children[rank].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
-  std::printf("coordination: %s: rank 0 failed step %lld (RESOURCE_EXHAUSTED), %d waiters got it "
-              "within %lld ms\n",
-              mode_name().c_str(), static_cast<long long>(kStep), kWorld - 1,
-              static_cast<long long>(slowest_ms));
+  std::printf(
+      "coordination: %s: rank 0 failed step %lld (RESOURCE_EXHAUSTED), %d waiters got it "
+      "within %lld ms\n",
+      mode_name().c_str(), static_cast<long long>(kStep), kWorld - 1,
+      static_cast<long long>(slowest_ms));
 }
 
 // ---------------------------------------------------------------- c. death
@@ -704,8 +704,7 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
       EXPECT_GE(r->t_ns, kill_ns) << "reported the writer dead while it was alive";
     } else {
       EXPECT_EQ(r->code, Code::kDeadlineExceeded) << r->message;
-      EXPECT_NE(r->message.find("step " + std::to_string(kStep)), std::string::npos)
-          << r->message;
+      EXPECT_NE(r->message.find("step " + std::to_string(kStep)), std::string::npos) << r->message;
       EXPECT_NE(r->message.find("manifest"), std::string::npos) << r->message;
       const int64_t waited_ms = (r->t_ns - wait_start[rank]) / 1000000;
       slowest_ms = std::max(slowest_ms, waited_ms);
@@ -783,13 +782,14 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store.ReadLatest());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, kStep);
-  std::printf("coordination: %s: rank 0 SIGKILLed mid-save of step %lld; %d waiters returned %s "
-              "(slowest %lld ms %s); relaunch committed step %lld, step %lld intact\n",
-              mode_name().c_str(), static_cast<long long>(kStep), kWorld - 1,
-              mode() == WaitMode::kFileLock ? "ABORTED" : "DEADLINE_EXCEEDED",
-              static_cast<long long>(slowest_ms),
-              mode() == WaitMode::kFileLock ? "after the kill" : "after starting to wait",
-              static_cast<long long>(kStep), static_cast<long long>(kPrev));
+  std::printf(
+      "coordination: %s: rank 0 SIGKILLed mid-save of step %lld; %d waiters returned %s "
+      "(slowest %lld ms %s); relaunch committed step %lld, step %lld intact\n",
+      mode_name().c_str(), static_cast<long long>(kStep), kWorld - 1,
+      mode() == WaitMode::kFileLock ? "ABORTED" : "DEADLINE_EXCEEDED",
+      static_cast<long long>(slowest_ms),
+      mode() == WaitMode::kFileLock ? "after the kill" : "after starting to wait",
+      static_cast<long long>(kStep), static_cast<long long>(kPrev));
 }
 
 // ---------------------------------------------------------------- d. race
@@ -902,9 +902,10 @@ TEST_P(CoordinationTest, WaitersArrivingBeforeTheSaveWaitForTheCommit) {
       EXPECT_EQ(children[rank].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
     if (HasFailure()) return;
   }
-  std::printf("coordination: %s: %d races (waiters before the save lock, stale 'saving' record of "
-              "job old-job), 0 early returns, first return %lld us after commit began\n",
-              mode_name().c_str(), kIterations, static_cast<long long>(min_margin_us));
+  std::printf(
+      "coordination: %s: %d races (waiters before the save lock, stale 'saving' record of "
+      "job old-job), 0 early returns, first return %lld us after commit began\n",
+      mode_name().c_str(), kIterations, static_cast<long long>(min_margin_us));
 }
 
 // ---------------------------------------------------------------- e. decisions
@@ -964,16 +965,17 @@ TEST_P(CoordinationTest, PublishAndWaitForIgnoreOtherJobs) {
         << "rank " << rank;
     EXPECT_EQ(waiters[rank - 1].ExitCode(milliseconds(10000)), kExitOk) << "rank " << rank;
   }
-  std::printf("coordination: %s: publish \"load-1\" reached %d waiters; another job's record "
-              "ignored (DEADLINE_EXCEEDED)\n",
-              mode_name().c_str(), kWorld - 1);
+  std::printf(
+      "coordination: %s: publish \"load-1\" reached %d waiters; another job's record "
+      "ignored (DEADLINE_EXCEEDED)\n",
+      mode_name().c_str(), kWorld - 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CoordinationTest,
                          ::testing::Values(WaitMode::kManifest, WaitMode::kFileLock),
                          [](const ::testing::TestParamInfo<WaitMode>& param_info) {
                            return param_info.param == WaitMode::kManifest ? std::string("Manifest")
-                                                                    : std::string("FileLock");
+                                                                          : std::string("FileLock");
                          });
 
 // ---------------------------------------------------------------- f. setup errors
@@ -986,8 +988,7 @@ TEST(NewFileCoordinatorTest, RefusesBadSetups) {
   auto no_job = NewFileCoordinator(shared, MakeRank(1, ""), WaitMode::kFileLock);
   ASSERT_FALSE(no_job.ok()) << "several ranks without a job id";
   EXPECT_EQ(no_job.status().code(), Code::kInvalidArgument) << no_job.status();
-  EXPECT_NE(no_job.status().message().find("CKPTIO_JOB_ID"), std::string::npos)
-      << no_job.status();
+  EXPECT_NE(no_job.status().message().find("CKPTIO_JOB_ID"), std::string::npos) << no_job.status();
   auto no_job_manifest = NewFileCoordinator(shared, MakeRank(0, ""), WaitMode::kManifest);
   EXPECT_EQ(no_job_manifest.status().code(), Code::kInvalidArgument) << no_job_manifest.status();
 
@@ -1008,7 +1009,8 @@ TEST(NewFileCoordinatorTest, RefusesBadSetups) {
   EXPECT_EQ(WaitModeName(WaitMode::kManifest), "manifest");
   EXPECT_EQ(WaitModeName(WaitMode::kFileLock), "file-lock");
   EXPECT_EQ(WaitModeName(WaitMode::kStore), "c10d-store");
-  std::printf("coordination: setup: no job id with 4 ranks and kStore refused (INVALID_ARGUMENT)\n");
+  std::printf(
+      "coordination: setup: no job id with 4 ranks and kStore refused (INVALID_ARGUMENT)\n");
 }
 
 }  // namespace

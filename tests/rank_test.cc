@@ -101,8 +101,8 @@ TEST(RankFromEnvTest, TorchrunJobIdChangesWithRestartCount) {
 }
 
 TEST(RankFromEnvTest, TorchrunMasterAddrPortFallback) {
-  Env env = Merge(Torchrun("1", "1", "2", "2"),
-                  {{"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29500"}});
+  Env env =
+      Merge(Torchrun("1", "1", "2", "2"), {{"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29500"}});
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r, FromEnv(env));
   EXPECT_EQ(r.job_id, "master:10.0.0.7:29500");
 
@@ -125,12 +125,11 @@ TEST(RankFromEnvTest, TorchrunWithoutAnyJobIdHasEmptyJobId) {
 }
 
 TEST(RankFromEnvTest, CkptioJobIdOverridesEverySource) {
-  Env torch = Merge(Torchrun("1", "1", "2", "2"),
-                    {{"TORCHELASTIC_RUN_ID", "abc"},
-                     {"TORCHELASTIC_RESTART_COUNT", "0"},
-                     {"MASTER_ADDR", "h"},
-                     {"MASTER_PORT", "1"},
-                     {"CKPTIO_JOB_ID", "my-job"}});
+  Env torch = Merge(Torchrun("1", "1", "2", "2"), {{"TORCHELASTIC_RUN_ID", "abc"},
+                                                   {"TORCHELASTIC_RESTART_COUNT", "0"},
+                                                   {"MASTER_ADDR", "h"},
+                                                   {"MASTER_PORT", "1"},
+                                                   {"CKPTIO_JOB_ID", "my-job"}});
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r, FromEnv(torch));
   EXPECT_EQ(r.job_id, "my-job");
 
@@ -161,9 +160,8 @@ TEST(RankFromEnvTest, TorchrunWithoutLocalWorldSizeAllowsAnyLocalRank) {
 // ---------------------------------------------------------------- Slurm
 
 TEST(RankFromEnvTest, SlurmFullSet) {
-  Env env = Merge(Slurm("5", "1", "8", "4"), {{"SLURM_JOB_ID", "1234"},
-                                               {"SLURM_STEP_ID", "0"},
-                                               {"SLURM_RESTART_COUNT", "1"}});
+  Env env = Merge(Slurm("5", "1", "8", "4"),
+                  {{"SLURM_JOB_ID", "1234"}, {"SLURM_STEP_ID", "0"}, {"SLURM_RESTART_COUNT", "1"}});
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r, FromEnv(env));
   EXPECT_EQ(r.rank, 5);
   EXPECT_EQ(r.local_rank, 1);
@@ -294,8 +292,8 @@ TEST(RankFromEnvTest, ContradictionsAreRejected) {
 
 TEST(RankFromEnvTest, TorchrunWinsOverSlurmAndOpenMpi) {
   // torchrun launched inside a Slurm allocation: both sets are present.
-  Env env = Merge(Merge(Torchrun("3", "1", "4", "2"), {{"TORCHELASTIC_RUN_ID", "t"},
-                                                       {"TORCHELASTIC_RESTART_COUNT", "0"}}),
+  Env env = Merge(Merge(Torchrun("3", "1", "4", "2"),
+                        {{"TORCHELASTIC_RUN_ID", "t"}, {"TORCHELASTIC_RESTART_COUNT", "0"}}),
                   Merge(Slurm("0", "0", "2", "1"), {{"SLURM_JOB_ID", "55"}}));
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r, FromEnv(env));
   EXPECT_EQ(r.source, "torchrun");
@@ -305,8 +303,7 @@ TEST(RankFromEnvTest, TorchrunWinsOverSlurmAndOpenMpi) {
   EXPECT_EQ(r.local_world_size, 2);
   EXPECT_EQ(r.job_id, "torchrun:t:0");
 
-  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo all,
-                              FromEnv(Merge(env, OpenMpi("1", "0", "2", "1"))));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo all, FromEnv(Merge(env, OpenMpi("1", "0", "2", "1"))));
   EXPECT_EQ(all.source, "torchrun");
 
   Env slurm_mpi = Merge(Merge(Slurm("2", "0", "4", "2"), {{"SLURM_JOB_ID", "9"}}),

@@ -14,6 +14,9 @@ PACKAGES=(
   libboost-filesystem-dev libboost-dev   # Boost.Filesystem, Boost.Interprocess
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev
+  libtorch-dev libgloo-dev               # LibTorch 1.13 with c10d (TCPStore, Gloo)
+  python3-torch                          # interop checks: stock torch.load of exports
+  openmpi-bin libopenmpi-dev             # the DDP demo also runs under mpirun
 )
 
 missing=()

@@ -1,0 +1,124 @@
+// Coordination through a c10d::Store (the trainer's TCPStore).
+#include "ckptio/torch.h"
+
+namespace ckptio {
+
+namespace {
+
+std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string Text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+class C10dCoordinator : public Coordinator {
+ public:
+  C10dCoordinator(c10::intrusive_ptr<c10d::Store> store, RankInfo rank)
+      : store_(std::move(store)), rank_(std::move(rank)) {}
+
+  WaitMode mode() const override { return WaitMode::kStore; }
+
+  Status BeginSave(int64_t, std::chrono::milliseconds) override { return OkStatus(); }
+
+  // "ok", or "failed:<code>:<message>".
+  Status EndSave(int64_t step, const Status& outcome) override {
+    std::string value = outcome.ok() ? "ok"
+                                     : "failed:" + std::to_string(static_cast<int>(outcome.code())) +
+                                           ":" + outcome.message();
+    return Call("publishing step " + std::to_string(step), [&] {
+      store_->set(SaveKey(step), Bytes(value));
+      return OkStatus();
+    });
+  }
+
+  Result<bool> PollSaved(int64_t step) override {
+    bool present = false;
+    CKPTIO_RETURN_IF_ERROR(Call("checking step " + std::to_string(step), [&] {
+      present = store_->check({SaveKey(step)});
+      return OkStatus();
+    }));
+    if (!present) return false;
+    CKPTIO_RETURN_IF_ERROR(Outcome(step));
+    return true;
+  }
+
+  Status WaitSaved(int64_t step, std::chrono::milliseconds timeout) override {
+    Status waited = Call("waiting for step " + std::to_string(step), [&] {
+      store_->wait({SaveKey(step)}, timeout);
+      return OkStatus();
+    });
+    if (!waited.ok())
+      return Status(Code::kDeadlineExceeded,
+                    "timed out after " + std::to_string(timeout.count()) +
+                        " ms waiting for rank 0 to commit step " + std::to_string(step) +
+                        " (wait mode c10d-store): " + waited.message());
+    return Outcome(step);
+  }
+
+  Status Publish(const std::string& name, const std::string& payload) override {
+    return Call("publishing " + name, [&] {
+      store_->set(DecisionKey(name), Bytes(payload));
+      return OkStatus();
+    });
+  }
+
+  Result<std::string> WaitFor(const std::string& name, std::chrono::milliseconds timeout) override {
+    std::string value;
+    Status s = Call("waiting for " + name, [&] {
+      store_->wait({DecisionKey(name)}, timeout);
+      value = Text(store_->get(DecisionKey(name)));
+      return OkStatus();
+    });
+    if (!s.ok())
+      return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
+                                                 " ms waiting for rank 0 to publish \"" + name +
+                                                 "\" (wait mode c10d-store): " + s.message());
+    return value;
+  }
+
+ private:
+  static std::string SaveKey(int64_t step) { return "ckptio/save/" + std::to_string(step); }
+  static std::string DecisionKey(const std::string& name) { return "ckptio/decision/" + name; }
+
+  Status Outcome(int64_t step) {
+    std::string value;
+    CKPTIO_RETURN_IF_ERROR(Call("reading step " + std::to_string(step), [&] {
+      value = Text(store_->get(SaveKey(step)));
+      return OkStatus();
+    }));
+    if (value == "ok") return OkStatus();
+    // failed:<code>:<message>
+    size_t a = value.find(':'), b = value.find(':', a + 1);
+    int code = static_cast<int>(Code::kInternal);
+    if (value.rfind("failed:", 0) == 0 && b != std::string::npos) {
+      try {
+        code = std::stoi(value.substr(a + 1, b - a - 1));
+      } catch (const std::exception&) {
+      }
+    }
+    if (code <= 0 || code > static_cast<int>(Code::kInternal)) code = static_cast<int>(Code::kInternal);
+    return Status(static_cast<Code>(code), "rank 0 failed to save step " + std::to_string(step) +
+                                               ": " +
+                                               (b == std::string::npos ? value : value.substr(b + 1)));
+  }
+
+  template <typename Fn>
+  Status Call(const std::string& what, Fn&& fn) {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      return Status(Code::kUnavailable, "c10d store: " + what + ": " + e.what());
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  RankInfo rank_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(c10::intrusive_ptr<c10d::Store> store,
+                                                        const RankInfo& rank) {
+  if (!store) return Status(Code::kInvalidArgument, "no c10d store given");
+  CKPTIO_RETURN_IF_ERROR(rank.Validate());
+  return std::unique_ptr<Coordinator>(std::make_unique<C10dCoordinator>(std::move(store), rank));
+}
+
+}  // namespace ckptio

@@ -1,0 +1,518 @@
+// Checkpointer: rank-0 saves, waiting ranks, agreed loads.
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "ckptio/backends.h"
+#include "ckptio/torch.h"
+
+namespace ckptio {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kUserPrefix[] = "user.";
+constexpr char kItemPrefix[] = "ckptio.item.";  // ckptio.item.<name> = module|optimizer|tensors
+constexpr char kTensorsObject[] = "tensors.safetensors";
+
+std::string ModuleObject(const std::string& name) { return name + ".safetensors"; }
+std::string OptimizerObject(const std::string& name) { return name + ".optim.pt"; }
+
+// Runs `fn`, turning a LibTorch exception into a Status.
+template <typename Fn>
+Status Guard(const std::string& what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return Status(Code::kInvalidArgument, what + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal, what + ": " + e.what());
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ModuleTensors(const torch::nn::Module& m) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : m.named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
+  for (const auto& b : m.named_buffers(/*recurse=*/true))
+    if (b.value().defined()) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+std::string DeviceOf(const torch::optim::Optimizer& o) {
+  for (const auto& group : o.param_groups())
+    for (const auto& p : group.params())
+      if (p.defined()) return p.device().str();
+  return "cpu";
+}
+
+Status SaveItems(PendingCheckpoint& pending, const State& state) {
+  std::vector<std::pair<std::string, torch::Tensor>> loose;
+  for (const StateItem& item : state.items) {
+    const std::string& name = item.name();
+    switch (item.kind()) {
+      case StateItem::Kind::kModule:
+        CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(kItemPrefix + name, "module"));
+        CKPTIO_RETURN_IF_ERROR(Guard("saving module " + name, [&] {
+          return WriteSafetensors(pending, ModuleObject(name), ModuleTensors(item.module()));
+        }));
+        break;
+      case StateItem::Kind::kOptimizer: {
+        CKPTIO_RETURN_IF_ERROR(
+            pending.SetMetadata(kItemPrefix + name, "optimizer:" + DeviceOf(item.optimizer())));
+        CKPTIO_ASSIGN_OR_RETURN(auto stream, pending.AddObject(OptimizerObject(name)));
+        Status written;
+        CKPTIO_RETURN_IF_ERROR(Guard("saving optimizer " + name, [&] {
+          torch::serialize::OutputArchive archive;
+          item.optimizer().save(archive);
+          // Streamed straight into the object: no serialized copy in memory.
+          archive.save_to([&](const void* data, size_t size) -> size_t {
+            if (!written.ok()) return 0;
+            written = stream->Write(data, size);
+            return written.ok() ? size : 0;
+          });
+          return OkStatus();
+        }));
+        CKPTIO_RETURN_IF_ERROR(written);
+        CKPTIO_RETURN_IF_ERROR(stream->Close());
+        break;
+      }
+      case StateItem::Kind::kTensor:
+        CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(kItemPrefix + name, "tensor"));
+        loose.emplace_back(name, item.tensor());
+        break;
+    }
+  }
+  if (!loose.empty())
+    CKPTIO_RETURN_IF_ERROR(Guard("saving tensors", [&] {
+      return WriteSafetensors(pending, kTensorsObject, loose);
+    }));
+  for (const auto& [key, value] : state.metadata)
+    CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(kUserPrefix + key, value));
+  return OkStatus();
+}
+
+// Everything a load will apply, prepared without touching the caller's state.
+struct Staged {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;  // (target, loaded)
+  std::vector<std::pair<torch::optim::Optimizer*, std::string>> optimizers;  // verified bytes
+  std::vector<std::pair<torch::Tensor*, torch::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Stages the tensors `wanted` (name -> live tensor) from `object`: every
+// name present with the same dtype and shape, nothing extra.
+Status StageTensors(CheckpointReader& reader, const std::string& object, const std::string& what,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
+                    const MapLocation& map, const RankInfo& rank,
+                    std::vector<torch::Tensor>* out) {
+  std::map<std::string, const TensorEntry*> saved;
+  for (const auto& t : reader.manifest().tensors)
+    if (t.object == object) saved[t.name] = &t;
+  std::string where = "step " + std::to_string(reader.step()) + ", " + what;
+  for (const auto& [name, live] : wanted) {
+    auto it = saved.find(name);
+    if (it == saved.end())
+      return Status(Code::kInvalidArgument, where + ": the checkpoint has no tensor \"" + name +
+                                                "\" (it has " + std::to_string(saved.size()) +
+                                                "); is this the same model?");
+    const TensorEntry& e = *it->second;
+    if (ShapeStr(e.shape) != ShapeStr(live.sizes().vec()))
+      return Status(Code::kInvalidArgument, where + ": tensor \"" + name + "\" has shape " +
+                                                ShapeStr(e.shape) + " in the checkpoint but " +
+                                                ShapeStr(live.sizes().vec()) + " in the model");
+    CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(e.device, rank));
+    CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, ReadTensor(reader, e, device));
+    if (t.scalar_type() != live.scalar_type())
+      return Status(Code::kInvalidArgument, where + ": tensor \"" + name + "\" is " +
+                                                std::string(c10::toString(t.scalar_type())) +
+                                                " in the checkpoint but " +
+                                                std::string(c10::toString(live.scalar_type())) +
+                                                " in the model");
+    out->push_back(t);
+    saved.erase(it);
+  }
+  if (!saved.empty())
+    return Status(Code::kInvalidArgument, where + ": the checkpoint has " +
+                                              std::to_string(saved.size()) +
+                                              " tensor(s) the model lacks, e.g. \"" +
+                                              saved.begin()->first + "\"");
+  return OkStatus();
+}
+
+Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& map,
+                     const RankInfo& rank) {
+  Staged staged;
+  const auto& meta = reader.manifest().metadata;
+  auto kind_of = [&](const std::string& name) -> std::string {
+    auto it = meta.find(kItemPrefix + name);
+    return it == meta.end() ? "" : it->second;
+  };
+  std::vector<std::pair<std::string, torch::Tensor>> loose_wanted;
+  std::vector<torch::Tensor*> loose_targets;
+  for (StateItem& item : state.items) {
+    const std::string& name = item.name();
+    const std::string kind = kind_of(name);
+    const std::string missing = "step " + std::to_string(reader.step()) + " has no " +
+                                std::string(item.kind() == StateItem::Kind::kModule      ? "module"
+                                            : item.kind() == StateItem::Kind::kOptimizer ? "optimizer"
+                                                                                         : "tensor") +
+                                " named \"" + name + "\"";
+    switch (item.kind()) {
+      case StateItem::Kind::kModule: {
+        if (kind != "module") return Status(Code::kInvalidArgument, missing);
+        auto live = ModuleTensors(item.module());
+        std::vector<torch::Tensor> loaded;
+        CKPTIO_RETURN_IF_ERROR(Guard("loading module " + name, [&] {
+          return StageTensors(reader, ModuleObject(name), "module " + name, live, map, rank,
+                              &loaded);
+        }));
+        for (size_t i = 0; i < live.size(); ++i)
+          staged.module_tensors.emplace_back(live[i].second, loaded[i]);
+        break;
+      }
+      case StateItem::Kind::kOptimizer: {
+        if (kind.rfind("optimizer", 0) != 0) return Status(Code::kInvalidArgument, missing);
+        CKPTIO_ASSIGN_OR_RETURN(std::string bytes, reader.ReadAll(OptimizerObject(name)));
+        staged.optimizers.emplace_back(&item.optimizer(), std::move(bytes));
+        break;
+      }
+      case StateItem::Kind::kTensor:
+        if (kind != "tensor") return Status(Code::kInvalidArgument, missing);
+        loose_wanted.emplace_back(name, item.tensor());
+        loose_targets.push_back(&item.tensor());
+        break;
+    }
+  }
+  if (!loose_wanted.empty()) {
+    // Loose tensors take the saved shape and dtype, whatever the target
+    // held before (like torch::load of a tensor).
+    std::map<std::string, const TensorEntry*> saved;
+    for (const auto& t : reader.manifest().tensors)
+      if (t.object == kTensorsObject) saved[t.name] = &t;
+    for (size_t i = 0; i < loose_wanted.size(); ++i) {
+      auto it = saved.find(loose_wanted[i].first);
+      if (it == saved.end())
+        return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) +
+                                           ": tensor \"" + loose_wanted[i].first +
+                                           "\" is listed but not stored");
+      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(it->second->device, rank));
+      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, ReadTensor(reader, *it->second, device));
+      staged.tensors.emplace_back(loose_targets[i], t);
+    }
+  }
+  for (const auto& [key, value] : meta)
+    if (key.rfind(kUserPrefix, 0) == 0) staged.metadata[key.substr(sizeof kUserPrefix - 1)] = value;
+  return staged;
+}
+
+// Applies a staged load. Optimizers first (the only step that can fail, on
+// an archive that does not fit): on failure every optimizer is restored and
+// nothing else was touched.
+Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInfo& rank) {
+  std::vector<std::pair<torch::optim::Optimizer*, std::string>> backups;
+  for (auto& [opt, bytes] : staged.optimizers) {
+    Status s = Guard("loading an optimizer", [&, opt = opt, &bytes = bytes] {
+      std::ostringstream backup;
+      {
+        torch::serialize::OutputArchive out;
+        opt->save(out);
+        out.save_to(backup);
+      }
+      backups.emplace_back(opt, backup.str());
+      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(DeviceOf(*opt), rank));
+      torch::serialize::InputArchive in;
+      in.load_from(bytes.data(), bytes.size(), device);
+      opt->load(in);
+      return OkStatus();
+    });
+    if (!s.ok()) {
+      for (auto& [o, b] : backups) {
+        try {
+          torch::serialize::InputArchive in;
+          in.load_from(b.data(), b.size());
+          o->load(in);
+        } catch (const std::exception&) {
+        }
+      }
+      return s.WithContext("the checkpoint's optimizer state does not fit (optimizers restored, "
+                           "modules untouched)");
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, loaded] : staged.module_tensors) target.set_data(loaded);
+  for (auto& [target, loaded] : staged.tensors) *target = loaded;
+  state.metadata = std::move(staged.metadata);
+  return OkStatus();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- Checkpointer
+
+Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri,
+                                                         const RankInfo& rank,
+                                                         CheckpointerOptions options) {
+  CKPTIO_RETURN_IF_ERROR(rank.Validate());
+  std::unique_ptr<Checkpointer> c(new Checkpointer());
+  c->rank_ = rank;
+  c->options_ = std::move(options);
+  CKPTIO_ASSIGN_OR_RETURN(auto backend, BuiltinBackends().Open(uri));
+  std::shared_ptr<StorageBackend> shared(std::move(backend));
+  c->store_ = std::make_unique<Store>(shared);
+  if (c->options_.wait == WaitMode::kStore) {
+    if (!c->options_.c10d_store)
+      return Status(Code::kInvalidArgument,
+                    "wait mode c10d-store needs CheckpointerOptions::c10d_store (the trainer's "
+                    "TCPStore)");
+    CKPTIO_ASSIGN_OR_RETURN(c->coordinator_, NewC10dCoordinator(c->options_.c10d_store, rank));
+  } else {
+    CKPTIO_ASSIGN_OR_RETURN(c->coordinator_, NewFileCoordinator(shared, rank, c->options_.wait));
+  }
+  if (rank.rank == 0) {
+    WriterOptions wo;
+    wo.keep_last = c->options_.keep_last;
+    wo.chunk_size = c->options_.chunk_size;
+    wo.world_size = rank.world_size;
+    wo.saving_rank = 0;
+    wo.lock_wait = std::min<std::chrono::milliseconds>(c->options_.timeout, std::chrono::seconds(30));
+    CKPTIO_ASSIGN_OR_RETURN(c->writer_, c->store_->OpenWriter(wo));
+  }
+  return c;
+}
+
+Checkpointer::~Checkpointer() = default;
+
+Status Checkpointer::ConfirmCommitted(int64_t step) {
+  // A signal alone is never trusted: the step's manifest must open.
+  auto reader = store_->OpenStep(step);
+  if (reader.ok()) return OkStatus();
+  return reader.status().WithContext("rank 0 reported step " + std::to_string(step) +
+                                     " committed, but it does not open here");
+}
+
+Status Checkpointer::Save(int64_t step, const State& state) {
+  const std::string what = rank_.ToString() + ": save of step " + std::to_string(step);
+  if (rank_.rank != 0) {
+    CKPTIO_RETURN_IF_ERROR(coordinator_->WaitSaved(step, options_.timeout).WithContext(what));
+    return ConfirmCommitted(step).WithContext(what);
+  }
+  CKPTIO_RETURN_IF_ERROR(coordinator_->BeginSave(step, options_.timeout).WithContext(what));
+  Status outcome = [&]() -> Status {
+    CKPTIO_ASSIGN_OR_RETURN(auto pending, writer_->Begin(step));
+    CKPTIO_RETURN_IF_ERROR(SaveItems(*pending, state));
+    auto info = pending->Commit();
+    if (!info.ok()) return info.status();
+    if (!info->retention.ok())
+      std::cerr << "ckptio: warning: " << info->retention << "\n";  // the save stands
+    return OkStatus();
+  }();
+  Status published = coordinator_->EndSave(step, outcome);
+  CKPTIO_RETURN_IF_ERROR(outcome.WithContext(what));
+  return published.WithContext(what + " committed, but telling the other ranks failed");
+}
+
+Result<bool> Checkpointer::Ticket::Poll() {
+  if (resolved_) {
+    if (!done_.ok()) return done_;
+    return true;
+  }
+  auto r = owner_->coordinator_->PollSaved(step_);
+  if (!r.ok() || !*r) {
+    if (!r.ok()) {
+      resolved_ = true;
+      done_ = r.status();
+    }
+    return r;
+  }
+  resolved_ = true;
+  done_ = owner_->ConfirmCommitted(step_);
+  if (!done_.ok()) return done_;
+  return true;
+}
+
+Status Checkpointer::Ticket::Wait() {
+  if (!resolved_) {
+    Status s = owner_->coordinator_->WaitSaved(step_, owner_->options_.timeout);
+    if (s.ok()) s = owner_->ConfirmCommitted(step_);
+    resolved_ = true;
+    done_ = s;
+  }
+  return done_;
+}
+
+Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
+  Ticket t;
+  t.owner_ = this;
+  t.step_ = step;
+  if (rank_.rank == 0) {
+    t.done_ = Save(step, state);
+    t.resolved_ = true;
+  }
+  return t;
+}
+
+// Rank 0 picks the step (newest that verifies, or the one asked for) and
+// publishes it; every rank gets the same answer, errors included.
+Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& options) {
+  const std::string name = "load-" + std::to_string(++load_seq_);
+  json decision;
+  if (rank_.rank == 0) {
+    decision = [&]() -> json {
+      std::vector<int64_t> candidates;
+      if (options.step) {
+        candidates.push_back(*options.step);
+      } else {
+        auto steps = store_->ListSteps();
+        if (!steps.ok()) {
+          if (steps.status().code() == Code::kNotFound) return {{"none", true}};
+          return {{"code", static_cast<int>(steps.status().code())},
+                  {"message", steps.status().message()}};
+        }
+        for (auto it = steps->rbegin(); it != steps->rend(); ++it)
+          if (it->state != StepState::kTorn) candidates.push_back(it->step);
+        if (candidates.empty()) return {{"none", true}};
+      }
+      json skipped = json::array();
+      for (int64_t step : candidates) {
+        auto reader = store_->OpenStep(step);
+        Status v = reader.ok() ? (*reader)->Verify() : reader.status();
+        if (v.ok()) return {{"step", step}, {"skipped", skipped}};
+        if (v.code() != Code::kDataLoss || options.step)
+          return {{"code", static_cast<int>(v.code())}, {"message", v.message()}};
+        skipped.push_back({step, v.message()});
+      }
+      return {{"code", static_cast<int>(Code::kDataLoss)},
+              {"message", "no checkpoint in " + store_->uri() + " verifies; newest problem: " +
+                              skipped.front()[1].get<std::string>()}};
+    }();
+    if (rank_.world_size > 1)
+      CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(name, decision.dump()));
+  } else {
+    CKPTIO_ASSIGN_OR_RETURN(std::string payload, coordinator_->WaitFor(name, options_.timeout));
+    decision = json::parse(payload, nullptr, /*allow_exceptions=*/false);
+    if (decision.is_discarded())
+      return Status(Code::kDataLoss, "rank 0's load decision is not valid JSON");
+  }
+  try {
+    if (decision.contains("none")) return std::optional<LoadResult>();
+    if (decision.contains("code"))
+      return Status(static_cast<Code>(decision["code"].get<int>()),
+                    decision["message"].get<std::string>());
+    LoadResult r;
+    r.step = decision["step"].get<int64_t>();
+    for (const auto& s : decision["skipped"])
+      r.skipped.emplace_back(s[0].get<int64_t>(), s[1].get<std::string>());
+    return std::optional<LoadResult>(r);
+  } catch (const json::exception& e) {
+    return Status(Code::kDataLoss, std::string("rank 0's load decision is malformed: ") + e.what());
+  }
+}
+
+Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOptions& options) {
+  const std::string what = rank_.ToString() + ": load";
+  auto decided = Decide(options);
+  if (!decided.ok()) return decided.status().WithContext(what);
+  if (!decided->has_value()) return decided;
+  const LoadResult& r = **decided;
+  for (const auto& [step, why] : r.skipped)
+    std::cerr << "ckptio: WARNING: " << rank_.ToString() << ": step " << step
+              << " failed verification and is skipped; loading step " << r.step << " instead ("
+              << why << ")\n";
+  auto reader = store_->OpenStep(r.step);
+  if (!reader.ok()) return reader.status().WithContext(what);
+  Staged staged;
+  Status s = Guard(what, [&]() -> Status {
+    CKPTIO_ASSIGN_OR_RETURN(staged, Stage(**reader, state, options.map_location, rank_));
+    return OkStatus();
+  });
+  if (!s.ok()) return s.WithContext(what + " of step " + std::to_string(r.step));
+  CKPTIO_RETURN_IF_ERROR(Apply(staged, state, options.map_location, rank_)
+                             .WithContext(what + " of step " + std::to_string(r.step)));
+  return decided;
+}
+
+// ------------------------------------------------------------- one-liners
+
+namespace {
+
+RankInfo Single() {
+  RankInfo r;
+  r.source = "single";
+  return r;
+}
+
+Status SaveOne(StateItem item, std::string_view uri) {
+  CKPTIO_ASSIGN_OR_RETURN(auto ckpt, Checkpointer::Open(uri, Single()));
+  auto latest = ckpt->store().ReadLatest();
+  int64_t step = latest.ok() && latest->has_value() ? (*latest)->step + 1 : 0;
+  State state;
+  state.items.push_back(std::move(item));
+  return ckpt->Save(step, state);
+}
+
+Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
+  // Readers take no lock: open the store without a writer.
+  CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(uri));
+  State state;
+  state.items.push_back(std::move(item));
+  CheckpointerOptions unused;
+  (void)unused;
+  auto latest = store->ReadLatest();
+  if (!latest.ok()) return latest.status();
+  if (!latest->has_value())
+    return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
+  // Newest step that verifies.
+  auto steps = store->ListSteps();
+  if (!steps.ok()) return steps.status();
+  Status last = Status(Code::kNotFound, "no committed checkpoint in " + store->uri());
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    if (it->state != StepState::kCommitted) continue;
+    auto reader = store->OpenStep(it->step);
+    if (!reader.ok()) return reader.status();
+    Status v = (*reader)->Verify();
+    if (v.code() == Code::kDataLoss) {
+      std::cerr << "ckptio: WARNING: step " << it->step << " failed verification and is skipped ("
+                << v.message() << ")\n";
+      last = v;
+      continue;
+    }
+    CKPTIO_RETURN_IF_ERROR(v);
+    MapLocation map = MapLocation::To(device);
+    Staged staged;
+    CKPTIO_RETURN_IF_ERROR(Guard("load from " + store->uri(), [&]() -> Status {
+      CKPTIO_ASSIGN_OR_RETURN(staged, Stage(**reader, state, map, Single()));
+      return OkStatus();
+    }));
+    return Apply(staged, state, map, Single());
+  }
+  return last;
+}
+
+}  // namespace
+
+Status save(torch::nn::Module& module, std::string_view uri) {
+  return SaveOne(StateItem("value", module), uri);
+}
+Status save(torch::optim::Optimizer& optimizer, std::string_view uri) {
+  return SaveOne(StateItem("value", optimizer), uri);
+}
+Status save(torch::Tensor& tensor, std::string_view uri) {
+  return SaveOne(StateItem("value", tensor), uri);
+}
+Status load(torch::nn::Module& module, std::string_view uri, torch::Device device) {
+  return LoadOne(StateItem("value", module), uri, device);
+}
+Status load(torch::optim::Optimizer& optimizer, std::string_view uri, torch::Device device) {
+  return LoadOne(StateItem("value", optimizer), uri, device);
+}
+Status load(torch::Tensor& tensor, std::string_view uri, torch::Device device) {
+  return LoadOne(StateItem("value", tensor), uri, device);
+}
+
+}  // namespace ckptio

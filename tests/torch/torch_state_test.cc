@@ -1,0 +1,370 @@
+// The LibTorch adapter on one rank: every dtype, modules, optimizers,
+// map_location, all-or-nothing loads, fallback, one-liners.
+#include <nlohmann/json.hpp>
+
+#include "ckptio/ckptio.h"
+#include "ckptio/torch.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using testing::TempDir;
+
+RankInfo Single() { return RankInfo{}; }
+
+std::unique_ptr<Checkpointer> OpenCkpt(const std::string& uri, CheckpointerOptions o = {}) {
+  auto c = Checkpointer::Open(uri, Single(), std::move(o));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+bool BitEqual(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  auto ca = a.to(torch::kCPU).contiguous(), cb = b.to(torch::kCPU).contiguous();
+  return ca.nbytes() == cb.nbytes() &&
+         (ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0);
+}
+
+struct Net : torch::nn::Module {
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(bn(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+
+// A few optimizer steps so that Adam has moments and BatchNorm has stats.
+void Train(Net& net, torch::optim::Optimizer& opt, int steps, uint64_t seed) {
+  torch::manual_seed(seed);
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    auto loss = net.forward(torch::randn({32, 8})).pow(2).mean();
+    loss.backward();
+    opt.step();
+  }
+}
+
+std::vector<torch::Tensor> Snapshot(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.named_parameters()) out.push_back(p.value().detach().clone());
+  for (const auto& b : m.named_buffers()) out.push_back(b.value().detach().clone());
+  return out;
+}
+
+bool SameAs(const torch::nn::Module& m, const std::vector<torch::Tensor>& snap) {
+  auto now = Snapshot(m);
+  if (now.size() != snap.size()) return false;
+  for (size_t i = 0; i < now.size(); ++i)
+    if (!BitEqual(now[i], snap[i])) return false;
+  return true;
+}
+
+TEST(TorchStateTest, EveryDtypeRoundTripsBitExactly) {
+  TempDir dir;
+  torch::manual_seed(1);
+  std::vector<std::pair<std::string, torch::Tensor>> originals = {
+      {"f64", torch::randn({3, 5}, torch::kFloat64)},
+      {"f32", torch::randn({7}, torch::kFloat32)},
+      {"f16", torch::randn({4, 4}, torch::kFloat32).to(torch::kFloat16)},
+      {"bf16", torch::randn({9}, torch::kFloat32).to(torch::kBFloat16)},
+      {"i64", torch::randint(-1000000, 1000000, {6}, torch::kInt64)},
+      {"i32", torch::randint(-100000, 100000, {2, 3}, torch::kInt32)},
+      {"i16", torch::randint(-30000, 30000, {5}, torch::kInt16)},
+      {"i8", torch::randint(-128, 127, {11}, torch::kInt8)},
+      {"u8", torch::randint(0, 255, {13}, torch::kUInt8)},
+      {"bool", torch::randint(0, 2, {10}, torch::kInt64).to(torch::kBool)},
+      {"non_contiguous", torch::randn({6, 4}).t()},             // transposed view
+      {"strided", torch::arange(20, torch::kInt32).slice(0, 1, 20, 3)},  // stepped slice
+      {"zero_size", torch::empty({0, 3}, torch::kFloat32)},
+      {"scalar", torch::tensor(3.5, torch::kFloat64)},
+      {"nan_inf", torch::tensor({NAN, INFINITY, -INFINITY, -0.0f})},
+  };
+  ASSERT_FALSE(originals[10].second.is_contiguous());
+  std::vector<torch::Tensor> values;
+  for (auto& [n, t] : originals) values.push_back(t);
+  State save;
+  for (size_t i = 0; i < originals.size(); ++i) save.items.emplace_back(originals[i].first, values[i]);
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(1, save));
+
+  std::vector<torch::Tensor> loaded(originals.size());
+  State load;
+  for (size_t i = 0; i < originals.size(); ++i) load.items.emplace_back(originals[i].first, loaded[i]);
+  auto got = ckpt->Load(load);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->step, 1);
+  for (size_t i = 0; i < originals.size(); ++i)
+    EXPECT_TRUE(BitEqual(loaded[i], originals[i].second)) << originals[i].first;
+}
+
+TEST(TorchStateTest, UnsupportedDtypeIsAClearError) {
+  TempDir dir;
+  torch::Tensor c = torch::randn({2}, torch::kComplexFloat);
+  State s{{"c", c}};
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  Status st = ckpt->Save(1, s);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("\"c\""), std::string::npos) << st;
+  EXPECT_NE(st.message().find("ComplexFloat"), std::string::npos) << st;
+}
+
+TEST(TorchStateTest, ModuleOptimizerAndMetadataRoundTrip) {
+  TempDir dir;
+  Net net;
+  torch::optim::Adam adam(net.parameters(), torch::optim::AdamOptions(1e-2));
+  Train(net, adam, 5, 42);
+  State state{{"model", net}, {"optim", adam}};
+  state.SetInt("epoch", 7);
+  state.metadata["loader"] = "shard=3;offset=1200";
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(500, state));
+  auto snap = Snapshot(net);
+
+  // A fresh model and optimizer, differently initialised.
+  torch::manual_seed(999);
+  Net net2;
+  torch::optim::Adam adam2(net2.parameters(), torch::optim::AdamOptions(1e-2));
+  ASSERT_FALSE(SameAs(net2, snap));
+  State into{{"model", net2}, {"optim", adam2}};
+  auto got = ckpt->Load(into);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(SameAs(net2, snap)) << "parameters and BatchNorm buffers";
+  EXPECT_EQ(into.GetInt("epoch"), 7);
+  EXPECT_EQ(into.metadata.at("loader"), "shard=3;offset=1200");
+
+  // Adam's moments came back: one more identical step gives identical weights.
+  Train(net, adam, 1, 7);
+  Train(net2, adam2, 1, 7);
+  EXPECT_TRUE(SameAs(net2, Snapshot(net))) << "Adam state (exp_avg, exp_avg_sq, step) restored";
+
+  // The module object is a real safetensors file: check its header by hand.
+  std::string bytes = testing::ReadFile(dir.Sub("store/step-000000000500/model.safetensors"));
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  EXPECT_EQ((8 + n) % 8, 0u) << "data starts 8-byte aligned";
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  auto w = header["fc1.weight"];
+  EXPECT_EQ(w["dtype"], "F32");
+  EXPECT_EQ(w["shape"], nlohmann::json({16, 8}));
+  uint64_t b = w["data_offsets"][0], e = w["data_offsets"][1];
+  EXPECT_EQ(e - b, 16u * 8 * 4);
+  EXPECT_EQ(std::memcmp(bytes.data() + 8 + n + b, snap[0].data_ptr(), e - b), 0)
+      << "fc1.weight (the first parameter) as saved";
+  // Offsets tile the data section with no gaps (what safetensors readers check).
+  uint64_t covered = 0;
+  for (auto it = header.begin(); it != header.end(); ++it)
+    if (it.key() != "__metadata__")
+      covered += it.value()["data_offsets"][1].get<uint64_t>() -
+                 it.value()["data_offsets"][0].get<uint64_t>();
+  EXPECT_EQ(8 + n + covered, bytes.size());
+}
+
+TEST(TorchStateTest, ManifestRecordsEveryTensor) {
+  TempDir dir;
+  Net net;
+  State state{{"model", net}};
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(3, state));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, ckpt->store().OpenStep(3));
+  size_t expected = net.named_parameters().size() + net.named_buffers().size();
+  EXPECT_EQ(r->manifest().tensors.size(), expected);
+  for (const auto& t : r->manifest().tensors) {
+    EXPECT_EQ(t.object, "model.safetensors");
+    EXPECT_EQ(t.device, "cpu");
+  }
+}
+
+// Tensors recorded as saved from cuda:0 (as on a GPU trainer) must land on
+// the device map_location asks for, never on the recorded one.
+class MapLocationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = OpenStore(dir_.Sub("store"));
+    ASSERT_TRUE(store.ok());
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, (*store)->OpenWriter({}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(1));
+    weight_ = torch::randn({4, 4});
+    CKPTIO_ASSERT_OK(WriteSafetensors(*p, "model.safetensors", {{"weight", weight_}}, {"cuda:0"}));
+    CKPTIO_ASSERT_OK(p->SetMetadata("ckptio.item.model", "module"));
+    CKPTIO_ASSERT_OK(p->Commit().status());
+  }
+
+  struct One : torch::nn::Module {
+    One() { weight = register_parameter("weight", torch::zeros({4, 4})); }
+    torch::Tensor weight;
+  };
+
+  TempDir dir_;
+  torch::Tensor weight_;
+};
+
+TEST_F(MapLocationTest, AFunctionSeesTheSavedDeviceAndPicksTheTarget) {
+  auto ckpt = OpenCkpt(dir_.Sub("store"));
+  One m;
+  State s{{"model", m}};
+  std::vector<std::string> seen;
+  LoadOptions o;
+  o.map_location = MapLocation::With([&](const std::string& saved) {
+    seen.push_back(saved);
+    return torch::Device(torch::kCPU);
+  });
+  auto got = ckpt->Load(s, o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(seen, std::vector<std::string>{"cuda:0"});
+  EXPECT_TRUE(m.weight.device().is_cpu());
+  EXPECT_TRUE(BitEqual(m.weight, weight_));
+}
+
+TEST_F(MapLocationTest, AutoAndExplicitCpuLandOnCpuWithoutCuda) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA present: see tools/gpu-check.sh";
+  for (auto map : {MapLocation::Auto(), MapLocation::To("cpu"), MapLocation::To(torch::kCPU)}) {
+    auto ckpt = OpenCkpt(dir_.Sub("store"));
+    One m;
+    State s{{"model", m}};
+    LoadOptions o;
+    o.map_location = map;
+    auto got = ckpt->Load(s, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(m.weight.device().is_cpu());
+    EXPECT_TRUE(BitEqual(m.weight, weight_));
+  }
+}
+
+TEST_F(MapLocationTest, AMissingCudaDeviceIsAClearErrorAndLeavesTheModel) {
+  if (torch::cuda::is_available() && torch::cuda::device_count() > 7)
+    GTEST_SKIP() << "this machine has a cuda:7";
+  auto ckpt = OpenCkpt(dir_.Sub("store"));
+  One m;
+  State s{{"model", m}};
+  LoadOptions o;
+  o.map_location = MapLocation::To("cuda:7");
+  auto got = ckpt->Load(s, o);
+  EXPECT_EQ(got.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(got.status().message().find("cuda:7"), std::string::npos) << got.status();
+  EXPECT_TRUE(BitEqual(m.weight, torch::zeros({4, 4}))) << "model untouched";
+  o.map_location = MapLocation::To("gpu-please");
+  EXPECT_EQ(ckpt->Load(s, o).status().code(), Code::kInvalidArgument);
+}
+
+TEST(TorchStateTest, AFailedLoadLeavesModelAndOptimizerUntouched) {
+  TempDir dir;
+  Net net;
+  torch::optim::Adam adam(net.parameters());
+  Train(net, adam, 2, 1);
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State state{{"model", net}, {"optim", adam}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  // Damage the end of the optimizer archive, which loads after the module.
+  std::string optim = dir.Sub("store/step-000000000001/optim.optim.pt");
+  testing::FlipBit(optim, testing::ReadFile(optim).size() - 10, 2);
+
+  torch::manual_seed(5);
+  Net net2;
+  torch::optim::Adam adam2(net2.parameters());
+  Train(net2, adam2, 1, 2);
+  auto before = Snapshot(net2);
+  State into{{"model", net2}, {"optim", adam2}};
+  LoadOptions o;
+  o.step = 1;
+  auto got = ckpt->Load(into, o);
+  EXPECT_EQ(got.status().code(), Code::kDataLoss) << got.status();
+  EXPECT_TRUE(SameAs(net2, before)) << "the module must not change when the load fails";
+
+  // Shape mismatch: also refused before anything changes.
+  struct Other : torch::nn::Module {
+    Other() { fc1 = register_module("fc1", torch::nn::Linear(8, 3)); }
+    torch::nn::Linear fc1{nullptr};
+  } other;
+  State model_only{{"model", net}};
+  CKPTIO_ASSERT_OK(ckpt->Save(2, model_only));
+  State wrong{{"model", other}};
+  auto snap = Snapshot(other);
+  o.step = 2;
+  auto bad = ckpt->Load(wrong, o);
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("fc1.weight"), std::string::npos) << bad.status();
+  EXPECT_TRUE(SameAs(other, snap));
+}
+
+TEST(TorchStateTest, LoadFallsBackToTheNewestGoodStepLoudly) {
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::Tensor t;
+  State s{{"t", t}};
+  for (int64_t step : {10, 20, 30}) {
+    t = torch::full({100}, static_cast<float>(step));
+    CKPTIO_ASSERT_OK(ckpt->Save(step, s));
+  }
+  testing::FlipBit(dir.Sub("store/step-000000000030/tensors.safetensors"), 200, 0);
+  torch::Tensor out;
+  State in{{"t", out}};
+  ::testing::internal::CaptureStderr();
+  auto got = ckpt->Load(in);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->step, 20);
+  ASSERT_EQ((*got)->skipped.size(), 1u);
+  EXPECT_EQ((*got)->skipped[0].first, 30);
+  EXPECT_TRUE(BitEqual(out, torch::full({100}, 20.0f)));
+  EXPECT_NE(err.find("WARNING"), std::string::npos);
+  EXPECT_NE(err.find("step 30 failed verification"), std::string::npos) << err;
+}
+
+TEST(TorchStateTest, AnEmptyStoreLoadsNothing) {
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::Tensor t;
+  State s{{"t", t}};
+  auto got = ckpt->Load(s);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->has_value());
+}
+
+TEST(TorchStateTest, OneLineSaveAndLoadMirrorTorch) {
+  TempDir dir;
+  const std::string uri = "file://" + dir.Sub("m");
+  torch::nn::Linear lin(5, 3);
+  CKPTIO_ASSERT_OK(save(lin, uri));
+  CKPTIO_ASSERT_OK(save(lin, uri));  // the next step, not an overwrite
+  torch::nn::Linear lin2(5, 3);
+  CKPTIO_ASSERT_OK(load(lin2, uri));
+  EXPECT_TRUE(BitEqual(lin2->weight, lin->weight));
+  EXPECT_TRUE(BitEqual(lin2->bias, lin->bias));
+  auto store = OpenStore(uri);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, (*store)->ListSteps());
+  EXPECT_EQ(steps.size(), 2u);
+
+  torch::Tensor x = torch::arange(12).reshape({3, 4}), y;
+  CKPTIO_ASSERT_OK(save(x, "file://" + dir.Sub("t")));
+  CKPTIO_ASSERT_OK(load(y, "file://" + dir.Sub("t")));
+  EXPECT_TRUE(BitEqual(x, y));
+  EXPECT_EQ(load(y, "file://" + dir.Sub("nothing")).code(), Code::kNotFound);
+}
+
+TEST(TorchStateTest, CudaRoundTrip) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device on this machine: the CUDA load and save paths are checked by "
+                    "tools/gpu-check.sh on a GPU machine";
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::Tensor t = torch::randn({1000}, torch::Device("cuda:0"));
+  State s{{"t", t}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, s));
+  torch::Tensor out;
+  State in{{"t", out}};
+  LoadOptions o;
+  o.map_location = MapLocation::To("cuda:0");
+  ASSERT_TRUE(ckpt->Load(in, o).ok());
+  EXPECT_TRUE(out.is_cuda());
+  EXPECT_TRUE(BitEqual(out, t));
+}
+
+}  // namespace
+}  // namespace ckptio
