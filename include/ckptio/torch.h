@@ -116,6 +116,9 @@ struct CheckpointerOptions {
   // Every wait (for a commit, a load decision, the save lock) ends by then.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   uint64_t chunk_size = kDefaultChunkBytes;
+  // Use this backend instead of the one the URI names (fault injection,
+  // sync-point hooks); the URI is then only used in messages.
+  std::shared_ptr<StorageBackend> backend;
 };
 
 struct LoadOptions {

@@ -262,8 +262,11 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri,
   std::unique_ptr<Checkpointer> c(new Checkpointer());
   c->rank_ = rank;
   c->options_ = std::move(options);
-  CKPTIO_ASSIGN_OR_RETURN(auto backend, BuiltinBackends().Open(uri));
-  std::shared_ptr<StorageBackend> shared(std::move(backend));
+  std::shared_ptr<StorageBackend> shared = c->options_.backend;
+  if (!shared) {
+    CKPTIO_ASSIGN_OR_RETURN(auto backend, BuiltinBackends().Open(uri));
+    shared = std::move(backend);
+  }
   c->store_ = std::make_unique<Store>(shared);
   if (c->options_.wait == WaitMode::kStore) {
     if (!c->options_.c10d_store)

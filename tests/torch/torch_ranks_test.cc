@@ -1,0 +1,1084 @@
+// The Checkpointer across real processes (invariants 5 and 6): W=4 ranks,
+// each a forked process with its own Checkpointer (rank 0 holds the writer
+// lock), a torch::nn::Linear and an Adam optimizer initialised alike, for
+// every wait mode (manifest, file lock, c10d TCPStore).
+//
+// The parent process never calls into LibTorch: torch starts thread pools,
+// and a fork after that can deadlock. All torch work happens in the children,
+// which first set torch::set_num_threads(1) (that also makes every rank's
+// training bit-identical). Children talk to the parent through pipes, one
+// line per message, and always leave with _exit(); each failing child prints
+// its reason to stderr. Timestamps are CLOCK_MONOTONIC nanoseconds, shared by
+// every process on the machine. In kStore mode rank 0 serves the TCPStore on a
+// port the parent picked, except in the SIGKILL test, where a separate "agent"
+// process serves it (as torchrun's agent does), so that the store outlives
+// rank 0.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptio/backends.h"
+#include "ckptio/ckptio.h"
+#include "ckptio/torch.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using ::ckptio::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kWorld = 4;
+constexpr uint64_t kInitSeed = 7;        // every rank's model starts from this seed
+constexpr uint64_t kDataSeed = 1000;     // + the step: each step's batch, the same on every rank
+constexpr uint64_t kFreshSeed = 50000;   // + the rank: models loaded into (all different)
+constexpr milliseconds kTimeout(15000);  // the Checkpointer's deadline where no test needs less
+
+// Child exit codes.
+constexpr int kExitOk = 0;
+constexpr int kExitException = 5;    // an exception left the child's body
+constexpr int kExitSetup = 10;       // TCPStore or Checkpointer did not open
+constexpr int kExitPipe = 11;        // the parent's message did not come or was wrong
+constexpr int kExitSaveFailed = 20;  // Save (or a ticket) failed where it had to succeed
+constexpr int kExitBadStep = 21;     // right after Save returned, the step did not verify or match
+constexpr int kExitLoadFailed = 22;  // Load failed or found nothing
+constexpr int kExitPoll = 23;        // a ticket's Poll misbehaved
+constexpr int kExitCorrupt = 24;     // rank 0 could not corrupt the step on purpose
+constexpr int kExitNotKilled = 99;   // a child that should have been killed ran out of sleep
+
+// ---------------------------------------------------------------- plumbing
+
+int64_t NowNs() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+class Pipe {
+ public:
+  Pipe() {
+    int fds[2];
+    if (::pipe(fds) == 0) {
+      read_ = fds[0];
+      write_ = fds[1];
+    }
+  }
+  ~Pipe() {
+    CloseRead();
+    CloseWrite();
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  bool ok() const { return read_ >= 0 && write_ >= 0; }
+  int read_fd() const { return read_; }
+  int write_fd() const { return write_; }
+  void CloseRead() {
+    if (read_ >= 0) ::close(read_);
+    read_ = -1;
+  }
+  void CloseWrite() {
+    if (write_ >= 0) ::close(write_);
+    write_ = -1;
+  }
+
+ private:
+  int read_ = -1;
+  int write_ = -1;
+};
+
+void WriteLine(int fd, const std::string& line) {
+  std::string s = line + "\n";
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+// One line from fd (without '\n'); nullopt on EOF or timeout.
+std::optional<std::string> ReadLine(int fd, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::string line;
+  while (true) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return std::nullopt;
+    struct pollfd p = {fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return std::nullopt;
+    char c;
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    if (c == '\n') return line;
+    line.push_back(c);
+  }
+}
+
+// A forked child running `body`; killed and reaped if still there when the
+// handle is destroyed (so a failed assertion never leaves one behind).
+class Child {
+ public:
+  template <typename Body>
+  static Child Start(Body body) {
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = kExitException;
+      try {
+        code = body();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: exception: %s\n", static_cast<int>(::getpid()), e.what());
+        code = kExitException;
+      } catch (...) {
+        std::fprintf(stderr, "child %d: exception\n", static_cast<int>(::getpid()));
+        code = kExitException;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    return Child(pid);
+  }
+  Child(Child&& o) noexcept : pid_(o.pid_), reaped_(o.reaped_), status_(o.status_) { o.pid_ = -1; }
+  Child& operator=(Child&&) = delete;
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  std::optional<int> Wait(milliseconds timeout) {
+    if (reaped_) return status_;
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      int status = 0;
+      pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        reaped_ = true;
+        status_ = status;
+        return status;
+      }
+      if (r < 0 && errno != EINTR) return std::nullopt;
+      if (Clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+  // Exit code, 128+signal, or -1 on timeout.
+  int ExitCode(milliseconds timeout) {
+    auto s = Wait(timeout);
+    if (!s) return -1;
+    if (WIFEXITED(*s)) return WEXITSTATUS(*s);
+    if (WIFSIGNALED(*s)) return 128 + WTERMSIG(*s);
+    return -1;
+  }
+
+ private:
+  explicit Child(pid_t pid) : pid_(pid) {}
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+// Words of a line.
+std::vector<std::string> Split(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+std::string NewJobId() {
+  std::random_device rd;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "job-%08x%08x", rd(), rd());
+  return buf;
+}
+
+RankInfo MakeRank(int rank, const std::string& job) {
+  RankInfo r;
+  r.rank = rank;
+  r.local_rank = rank;
+  r.world_size = kWorld;
+  r.local_world_size = kWorld;
+  r.job_id = job;
+  r.source = "explicit";
+  return r;
+}
+
+// A TCP port free right now on 127.0.0.1 (bound to port 0, then released).
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a;
+  std::memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<struct sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<struct sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+int Fail(int rank, int code, const std::string& why) {
+  std::fprintf(stderr, "[rank %d pid %d] exit %d: %s\n", rank, static_cast<int>(::getpid()), code,
+               why.c_str());
+  std::fflush(stderr);
+  return code;
+}
+
+std::string OneLine(std::string s) {
+  for (char& c : s)
+    if (c == '\n') c = ' ';
+  return s;
+}
+
+// "ret <code> <t_ns> <message...>": the outcome of a Save, as a waiter reports it.
+struct SaveReport {
+  Code code = Code::kInternal;
+  int64_t t_ns = 0;
+  std::string message;
+};
+std::string FormatRet(const Status& s, int64_t t_ns) {
+  return "ret " + std::to_string(static_cast<int>(s.code())) + " " + std::to_string(t_ns) + " " +
+         OneLine(s.message());
+}
+std::optional<SaveReport> ParseRet(const std::optional<std::string>& line) {
+  if (!line || line->rfind("ret ", 0) != 0) return std::nullopt;
+  std::istringstream in(line->substr(4));
+  int code = 0;
+  SaveReport r;
+  if (!(in >> code >> r.t_ns)) return std::nullopt;
+  r.code = static_cast<Code>(code);
+  std::getline(in, r.message);
+  if (!r.message.empty() && r.message.front() == ' ') r.message.erase(0, 1);
+  return r;
+}
+
+uint64_t Fnv(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+std::string Hex(uint64_t h) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+std::string TextHash(const std::string& s) {
+  return Hex(Fnv(1469598103934665603ull, s.data(), s.size()));
+}
+
+// ---------------------------------------------------------------- torch side (children only)
+
+bool BitEqual(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  auto ca = a.detach().to(torch::kCPU).contiguous(), cb = b.detach().to(torch::kCPU).contiguous();
+  return ca.nbytes() == cb.nbytes() &&
+         (ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0);
+}
+
+// A hash of every parameter's name, shape and bytes, in order.
+std::string ParamHash(const torch::nn::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& p : m.named_parameters()) {
+    h = Fnv(h, p.key().data(), p.key().size());
+    auto t = p.value().detach().to(torch::kCPU).contiguous();
+    for (int64_t d : t.sizes()) h = Fnv(h, &d, sizeof d);
+    h = Fnv(h, t.data_ptr(), t.nbytes());
+  }
+  return Hex(h);
+}
+
+// One rank's training state: the same on every rank for the same seed.
+struct Trainee {
+  explicit Trainee(uint64_t seed) {
+    torch::manual_seed(seed);
+    model = torch::nn::Linear(16, 8);
+    adam = std::make_unique<torch::optim::Adam>(model->parameters(),
+                                                torch::optim::AdamOptions(1e-2));
+  }
+  Trainee(const Trainee&) = delete;
+  Trainee& operator=(const Trainee&) = delete;
+
+  // One optimizer step on step `step`'s batch (identical on every rank).
+  void Train(int64_t step) {
+    torch::manual_seed(kDataSeed + static_cast<uint64_t>(step));
+    auto x = torch::randn({32, 16});
+    adam->zero_grad();
+    auto loss = model->forward(x).pow(2).mean();
+    loss.backward();
+    adam->step();
+  }
+  State state() { return State{{"model", model}, {"optim", *adam}}; }
+  std::string hash() const { return ParamHash(*model); }
+
+  torch::nn::Linear model{nullptr};
+  std::unique_ptr<torch::optim::Adam> adam;
+};
+
+// Opens committed `step` through a fresh Store, verifies every byte, and
+// checks that the manifest's model.safetensors tensors are bit-for-bit the
+// caller's parameters (so the step read is the one just trained, whole).
+Status CheckStepIsMine(const std::string& path, int64_t step, torch::nn::Module& model) {
+  const std::string at = "step " + std::to_string(step) + ": ";
+  CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(path));
+  CKPTIO_ASSIGN_OR_RETURN(auto reader, store->OpenStep(step));
+  if (reader->step() != step)
+    return Status(Code::kDataLoss, at + "OpenStep gave step " + std::to_string(reader->step()));
+  CKPTIO_RETURN_IF_ERROR(reader->Verify());
+  auto params = model.named_parameters();
+  size_t matched = 0;
+  for (const TensorEntry& e : reader->manifest().tensors) {
+    if (e.object != "model.safetensors") continue;
+    torch::Tensor* mine = params.find(e.name);
+    if (!mine) return Status(Code::kDataLoss, at + "unexpected tensor " + e.name);
+    CKPTIO_ASSIGN_OR_RETURN(torch::Tensor saved, ReadTensor(*reader, e, torch::kCPU));
+    if (!BitEqual(saved, *mine))
+      return Status(Code::kDataLoss, at + "tensor " + e.name + " differs from this rank's");
+    ++matched;
+  }
+  if (matched != params.size())
+    return Status(Code::kDataLoss, at + std::to_string(matched) + " of " +
+                                       std::to_string(params.size()) + " parameters stored");
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------- launching ranks
+
+// One launch of a job: every rank of it shares the store, the job id and
+// (kStore) the TCPStore port.
+struct Launch {
+  std::string path;
+  std::string job;
+  WaitMode mode = WaitMode::kManifest;
+  int port = -1;               // kStore
+  bool agent_serves = false;   // kStore: a separate process serves the TCPStore, not rank 0
+};
+
+constexpr char kDoneKey[] = "torch-ranks-test/done";
+
+// What a rank's body gets.
+struct RankEnv {
+  int rank = 0;
+  const Launch* launch = nullptr;
+  int in = -1;   // lines from the parent
+  int out = -1;  // lines to the parent
+  c10::intrusive_ptr<c10d::Store> c10d;  // kStore
+
+  void Say(const std::string& line) const { WriteLine(out, line); }
+  std::optional<std::string> Hear(milliseconds timeout) const { return ReadLine(in, timeout); }
+
+  Result<std::unique_ptr<Checkpointer>> Open(milliseconds timeout) const {
+    CheckpointerOptions o;
+    o.wait = launch->mode;
+    o.c10d_store = c10d;
+    o.timeout = timeout;
+    return Checkpointer::Open(launch->path, MakeRank(rank, launch->job), o);
+  }
+};
+
+c10::intrusive_ptr<c10d::Store> ConnectTcpStore(int port, bool server) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = server;
+  o.numWorkers = kWorld;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::milliseconds(20000);
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+}
+
+// The kWorld ranks of one launch (plus the TCPStore agent when asked), and
+// the parent's side of their pipes. Every line a rank sends is kept.
+class Ranks {
+ public:
+  using Body = std::function<int(RankEnv&)>;
+
+  Ranks(const Launch& launch, Body body) : launch_(launch) {
+    if (launch_.mode == WaitMode::kStore && launch_.agent_serves) StartAgent();
+    for (int r = 0; r < kWorld; ++r) {
+      to_.push_back(std::make_unique<Pipe>());
+      from_.push_back(std::make_unique<Pipe>());
+      if (!to_.back()->ok() || !from_.back()->ok()) return;
+    }
+    lines_.resize(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      children_.push_back(Child::Start([&, r] { return RunRank(r, body); }));
+      if (!children_.back().started()) return;
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      to_[r]->CloseRead();
+      from_[r]->CloseWrite();
+    }
+  }
+
+  bool started() const {
+    if (children_.size() != kWorld) return false;
+    for (const auto& c : children_)
+      if (!c.started()) return false;
+    return !agent_failed_;
+  }
+  Child& child(int r) { return children_[r]; }
+  void Tell(int r, const std::string& line) { WriteLine(to_[r]->write_fd(), line); }
+
+  // The words after `key` of rank r's first line starting with it, reading
+  // more lines as needed; nullopt when none came by the timeout (or EOF).
+  std::optional<std::vector<std::string>> Await(int r, const std::string& key,
+                                                milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      for (const auto& l : lines_[r]) {
+        auto w = Split(l);
+        if (!w.empty() && w[0] == key) return std::vector<std::string>(w.begin() + 1, w.end());
+      }
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      auto line = ReadLine(from_[r]->read_fd(), left);
+      if (!line) return std::nullopt;
+      lines_[r].push_back(*line);
+    }
+  }
+  // The whole first line of rank r starting with `key ` (for "ret" lines).
+  std::optional<std::string> AwaitLine(int r, const std::string& key, milliseconds timeout) {
+    if (!Await(r, key, timeout)) return std::nullopt;
+    for (const auto& l : lines_[r])
+      if (l.rfind(key + " ", 0) == 0 || l == key) return l;
+    return std::nullopt;
+  }
+
+  // Exit codes of all ranks, waiting up to `timeout` for each.
+  std::vector<int> ExitCodes(milliseconds timeout) {
+    std::vector<int> codes;
+    for (auto& c : children_) codes.push_back(c.ExitCode(timeout));
+    return codes;
+  }
+
+ private:
+  void StartAgent() {
+    agent_pipe_ = std::make_unique<Pipe>();
+    const int port = launch_.port;
+    agent_.emplace(Child::Start([&, port] {
+      torch::set_num_threads(1);
+      auto store = ConnectTcpStore(port, /*server=*/true);
+      WriteLine(agent_pipe_->write_fd(), "up");
+      for (int i = 0; i < 120; ++i) std::this_thread::sleep_for(milliseconds(1000));
+      return kExitNotKilled;
+    }));
+    agent_pipe_->CloseWrite();
+    if (ReadLine(agent_pipe_->read_fd(), milliseconds(20000)) != std::optional<std::string>("up"))
+      agent_failed_ = true;
+  }
+
+  // In the rank's process.
+  int RunRank(int r, const Body& body) {
+    for (int j = 0; j < kWorld; ++j) {  // keep only this rank's ends, so EOF means exit
+      if (j != r) {
+        ::close(to_[j]->write_fd());
+        ::close(from_[j]->read_fd());
+        ::close(to_[j]->read_fd());
+        ::close(from_[j]->write_fd());
+      }
+    }
+    ::close(to_[r]->write_fd());
+    ::close(from_[r]->read_fd());
+    torch::set_num_threads(1);
+    RankEnv env;
+    env.rank = r;
+    env.launch = &launch_;
+    env.in = to_[r]->read_fd();
+    env.out = from_[r]->write_fd();
+    const bool serves = launch_.mode == WaitMode::kStore && r == 0 && !launch_.agent_serves;
+    if (launch_.mode == WaitMode::kStore) {
+      try {
+        env.c10d = ConnectTcpStore(launch_.port, serves);
+      } catch (const std::exception& e) {
+        return Fail(r, kExitSetup, std::string("TCPStore: ") + e.what());
+      }
+    }
+    int code = body(env);
+    if (env.c10d && !launch_.agent_serves) {
+      // Rank 0 serves the store: it stays until every other rank is done with it.
+      try {
+        if (r != 0) {
+          env.c10d->add(kDoneKey, 1);
+        } else {
+          const auto deadline = Clock::now() + milliseconds(20000);
+          while (env.c10d->add(kDoneKey, 0) < kWorld - 1 && Clock::now() < deadline)
+            std::this_thread::sleep_for(milliseconds(5));
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    return code;
+  }
+
+  Launch launch_;
+  std::unique_ptr<Pipe> agent_pipe_;
+  std::optional<Child> agent_;
+  bool agent_failed_ = false;
+  std::vector<std::unique_ptr<Pipe>> to_, from_;
+  std::vector<Child> children_;
+  std::vector<std::vector<std::string>> lines_;
+};
+
+std::string Join(const std::vector<std::string>& w) {
+  std::string s;
+  for (const auto& x : w) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+// "loaded <step> <skipped steps, comma-separated or -> <reasons hash> <params hash>"
+std::string FormatLoaded(const LoadResult& r, const std::string& params) {
+  std::string skipped, reasons;
+  for (const auto& [step, why] : r.skipped) {
+    skipped += (skipped.empty() ? "" : ",") + std::to_string(step);
+    reasons += why + "\n";
+  }
+  return "loaded " + std::to_string(r.step) + " " + (skipped.empty() ? "-" : skipped) + " " +
+         TextHash(reasons) + " " + params;
+}
+
+class TorchRanksTest : public ::testing::TestWithParam<WaitMode> {
+ protected:
+  Launch NewLaunch(bool agent_serves = false) {
+    Launch l;
+    l.path = tmp_.Sub("store");
+    l.job = NewJobId();
+    l.mode = GetParam();
+    if (l.mode == WaitMode::kStore) l.port = FreePort();
+    l.agent_serves = agent_serves;
+    return l;
+  }
+  WaitMode mode() const { return GetParam(); }
+  std::string mode_name() const { return std::string(WaitModeName(GetParam())); }
+
+  TempDir tmp_;
+};
+
+#define EXPECT_ALL_RANKS_EXIT_OK(ranks, timeout)                          \
+  do {                                                                    \
+    auto codes_ = (ranks).ExitCodes(timeout);                             \
+    for (int r_ = 0; r_ < kWorld; ++r_)                                   \
+      EXPECT_EQ(codes_[r_], kExitOk) << "rank " << r_ << " (see stderr)"; \
+  } while (0)
+
+// ---------------------------------------------------------------- a. rounds
+
+// 20 rounds: every rank trains one step on the same batch and calls Save.
+// Each waiting rank, the moment Save returns, opens the step through a fresh
+// store, verifies it and finds its own parameters in it bit-for-bit: it never
+// saw a torn, uncommitted or previous step. Then all ranks Load into fresh
+// models: the same step, the same parameters and Adam state on every rank.
+TEST_P(TorchRanksTest, EveryRankSeesOnlyCommittedStepsAndLoadsTheSame) {
+  constexpr int kRounds = 20;
+  const Launch launch = NewLaunch();
+  Ranks ranks(launch, [&](RankEnv& me) -> int {
+    Trainee t(kInitSeed);
+    auto ckpt = me.Open(kTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    for (int64_t step = 1; step <= kRounds; ++step) {
+      t.Train(step);
+      Status s = (*ckpt)->Save(step, state);
+      if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+      if (me.rank != 0) {
+        s = CheckStepIsMine(launch.path, step, *t.model);
+        if (!s.ok()) return Fail(me.rank, kExitBadStep, "right after Save: " + s.ToString());
+      }
+    }
+    me.Say("trained " + t.hash());
+    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    State into = fresh.state();
+    auto got = (*ckpt)->Load(into);
+    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
+    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(**got, fresh.hash()));
+    // One more identical step from the loaded state: Adam's moments came back too.
+    t.Train(kRounds + 1);
+    fresh.Train(kRounds + 1);
+    me.Say("next " + t.hash() + " " + fresh.hash());
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+
+  std::vector<std::string> loaded(kWorld), trained(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    auto tr = ranks.Await(r, "trained", milliseconds(60000));
+    ASSERT_TRUE(tr.has_value()) << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    trained[r] = Join(*tr);
+    auto ld = ranks.Await(r, "loaded", milliseconds(20000));
+    ASSERT_TRUE(ld.has_value()) << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    ASSERT_EQ(ld->size(), 4u) << Join(*ld);
+    loaded[r] = Join(*ld);
+    EXPECT_EQ((*ld)[0], std::to_string(kRounds)) << "rank " << r;
+    EXPECT_EQ((*ld)[1], "-") << "rank " << r << " skipped steps";
+    EXPECT_EQ((*ld)[3], trained[r]) << "rank " << r << " loaded other parameters than it trained";
+    auto next = ranks.Await(r, "next", milliseconds(10000));
+    ASSERT_TRUE(next.has_value() && next->size() == 2u) << "rank " << r;
+    EXPECT_EQ((*next)[0], (*next)[1]) << "rank " << r << ": a step after the load diverged";
+  }
+  for (int r = 1; r < kWorld; ++r) {
+    EXPECT_EQ(trained[r], trained[0]) << "rank " << r << " trained differently (setup)";
+    EXPECT_EQ(loaded[r], loaded[0]) << "rank " << r << " loaded something else than rank 0";
+  }
+  EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: %d rounds x %d ranks ok (each waiter verified every step bit-for-bit "
+      "right after Save); all loaded step %d, identical params + Adam state\n",
+      mode_name().c_str(), kRounds, kWorld, kRounds);
+}
+
+// ---------------------------------------------------------------- b. fallback
+
+// Rank 0 flips a bit of the newest step's model.safetensors before the
+// Load: every rank falls back to the previous step, and says so alike.
+TEST_P(TorchRanksTest, EveryRankFallsBackPastACorruptStepAlike) {
+  constexpr int64_t kSteps = 3;
+  const Launch launch = NewLaunch();
+  Ranks ranks(launch, [&](RankEnv& me) -> int {
+    Trainee t(kInitSeed);
+    auto ckpt = me.Open(kTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      t.Train(step);
+      Status s = (*ckpt)->Save(step, state);
+      if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+      me.Say("trained" + std::to_string(step) + " " + t.hash());
+    }
+    if (me.rank == 0) {
+      char dir[32];
+      std::snprintf(dir, sizeof dir, "step-%012lld", static_cast<long long>(kSteps));
+      const std::string file = launch.path + "/" + dir + "/model.safetensors";
+      int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) return Fail(0, kExitCorrupt, "open " + file + ": " + std::strerror(errno));
+      struct stat st;
+      unsigned char c = 0;
+      const off_t at = ::fstat(fd, &st) == 0 ? st.st_size - 3 : -1;  // inside the last tensor
+      bool ok = at > 0 && ::pread(fd, &c, 1, at) == 1;
+      c ^= 0x10;
+      ok = ok && ::pwrite(fd, &c, 1, at) == 1 && ::fsync(fd) == 0;
+      ::close(fd);
+      if (!ok) return Fail(0, kExitCorrupt, "could not flip a bit of " + file);
+    }
+    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    State into = fresh.state();
+    auto got = (*ckpt)->Load(into);
+    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
+    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    for (const auto& [step, why] : (*got)->skipped)
+      if (why.find("model.safetensors") == std::string::npos)
+        return Fail(me.rank, kExitLoadFailed,
+                    "the skip reason does not name the corrupt object: " + why);
+    me.Say(FormatLoaded(**got, fresh.hash()));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+
+  std::vector<std::string> loaded(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    auto ld = ranks.Await(r, "loaded", milliseconds(30000));
+    ASSERT_TRUE(ld.has_value()) << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    ASSERT_EQ(ld->size(), 4u) << Join(*ld);
+    loaded[r] = Join(*ld);
+    auto t2 = ranks.Await(r, "trained2", milliseconds(1000));
+    ASSERT_TRUE(t2.has_value() && t2->size() == 1u) << "rank " << r;
+    EXPECT_EQ((*ld)[0], std::to_string(kSteps - 1)) << "rank " << r;
+    EXPECT_EQ((*ld)[1], std::to_string(kSteps)) << "rank " << r << ": skipped steps";
+    EXPECT_EQ((*ld)[3], (*t2)[0]) << "rank " << r << ": not step " << kSteps - 1 << "'s parameters";
+  }
+  for (int r = 1; r < kWorld; ++r)
+    EXPECT_EQ(loaded[r], loaded[0]) << "rank " << r << " decided otherwise than rank 0";
+  EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: step %lld corrupted by rank 0; all %d ranks loaded step %lld, "
+      "skipped=[%lld] with the same reason, identical params\n",
+      mode_name().c_str(), static_cast<long long>(kSteps), kWorld,
+      static_cast<long long>(kSteps - 1), static_cast<long long>(kSteps));
+}
+
+// ---------------------------------------------------------------- c. SIGKILL
+
+// A temp object of tensors.safetensors in step `step`'s directory, with
+// bytes in it: rank 0 is in the middle of writing the big tensor.
+bool BigObjectBeingWritten(const std::string& path, int64_t step) {
+  char dir[32];
+  std::snprintf(dir, sizeof dir, "/step-%012lld", static_cast<long long>(step));
+  const std::string d = path + dir;
+  DIR* h = ::opendir(d.c_str());
+  if (!h) return false;
+  bool found = false;
+  const std::string prefix = std::string(kTempMarker) + "tensors.safetensors";
+  while (struct dirent* e = ::readdir(h)) {
+    if (std::string(e->d_name).rfind(prefix, 0) != 0) continue;
+    struct stat st;
+    if (::stat((d + "/" + e->d_name).c_str(), &st) == 0 && st.st_size > 0) found = true;
+  }
+  ::closedir(h);
+  return found;
+}
+
+// Rank 0 commits step 1, then is SIGKILLed while writing step 2's 64 MiB
+// tensor. The waiters' Save(2) never returns OK: "writer died" within ~1 s
+// of the kill with the file lock, DeadlineExceeded naming the step at the
+// 4 s deadline otherwise. A relaunch (new job id, new processes) loads the
+// last committed step on every rank.
+TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
+  constexpr milliseconds kWaitTimeout(4000);
+  constexpr int64_t kBigFloats = int64_t{16} << 20;  // 64 MiB
+  // kStore: an agent serves the TCPStore (as torchrun's does), so that it
+  // outlives rank 0.
+  const Launch launch = NewLaunch(/*agent_serves=*/false);
+  Ranks ranks(launch, [&](RankEnv& me) -> int {
+    Trainee t(kInitSeed);
+    auto ckpt = me.Open(kWaitTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    t.Train(1);
+    Status s = (*ckpt)->Save(1, state);
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, "step 1: " + s.ToString());
+    me.Say("trained1 " + t.hash());
+    t.Train(2);
+    if (me.rank == 0) {
+      torch::Tensor big = torch::full({kBigFloats}, 0.5f);
+      State big_state = t.state();
+      big_state.items.emplace_back("big", big);
+      me.Say("ready");
+      if (me.Hear(milliseconds(20000)) != std::optional<std::string>("go"))
+        return Fail(0, kExitPipe, "no go");
+      me.Say("saving2 " + std::to_string(NowNs()));
+      s = (*ckpt)->Save(2, big_state);
+      me.Say("saved2 " + OneLine(s.ToString()));
+      for (int i = 0; i < 60; ++i) std::this_thread::sleep_for(milliseconds(1000));
+      return kExitNotKilled;
+    }
+    me.Say("waiting " + std::to_string(NowNs()));
+    s = (*ckpt)->Save(2, state);
+    me.Say(FormatRet(s, NowNs()));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+
+  std::string h1;
+  for (int r = 0; r < kWorld; ++r) {
+    auto t1 = ranks.Await(r, "trained1", milliseconds(20000));
+    ASSERT_TRUE(t1.has_value() && t1->size() == 1u)
+        << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    if (r == 0) h1 = (*t1)[0];
+    EXPECT_EQ((*t1)[0], h1) << "rank " << r << " trained differently (setup)";
+  }
+  ASSERT_TRUE(ranks.Await(0, "ready", milliseconds(20000)).has_value())
+      << "rank 0 exit " << ranks.child(0).ExitCode(milliseconds(2000));
+  std::vector<int64_t> wait_start(kWorld, 0);
+  for (int r = 1; r < kWorld; ++r) {
+    auto w = ranks.Await(r, "waiting", milliseconds(20000));
+    ASSERT_TRUE(w.has_value() && w->size() == 1u) << "rank " << r;
+    wait_start[r] = std::stoll((*w)[0]);
+  }
+  std::this_thread::sleep_for(milliseconds(100));  // the waiters are inside Save(2)
+  ranks.Tell(0, "go");
+  ASSERT_TRUE(ranks.Await(0, "saving2", milliseconds(10000)).has_value());
+  const auto poll_deadline = Clock::now() + milliseconds(10000);
+  bool seen = false;
+  while (!(seen = BigObjectBeingWritten(launch.path, 2)) && Clock::now() < poll_deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  const int64_t kill_ns = NowNs();
+  ASSERT_EQ(::kill(ranks.child(0).pid(), SIGKILL), 0);
+  EXPECT_TRUE(seen) << "never saw rank 0 writing step 2's big object (killed it anyway)";
+  EXPECT_EQ(ranks.child(0).ExitCode(milliseconds(5000)), 128 + SIGKILL)
+      << "rank 0 was not killed mid-save (it exited by itself)";
+
+  // Did step 2 commit after all? (It cannot have, if the kill landed mid-object.)
+  bool committed2 = false;
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(launch.path));
+    committed2 = store->OpenStep(2).ok();
+  }
+  EXPECT_FALSE(committed2) << "step 2 committed although rank 0 was killed while writing it";
+
+  int64_t slowest_ms = 0;
+  for (int r = 1; r < kWorld; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto rep = ParseRet(ranks.AwaitLine(r, "ret", kWaitTimeout + milliseconds(6000)));
+    ASSERT_TRUE(rep.has_value()) << "no report from the waiter";
+    if (committed2) continue;  // nothing more to demand of the waiters (reported above)
+    EXPECT_NE(rep->code, Code::kOk) << "Save(2) returned OK for a step that never committed";
+    if (mode() == WaitMode::kFileLock) {
+      EXPECT_EQ(rep->code, Code::kAborted) << rep->message;
+      EXPECT_NE(rep->message.find("writer died"), std::string::npos) << rep->message;
+      EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
+      EXPECT_GE(rep->t_ns, kill_ns) << "called the writer dead while it was alive";
+      const int64_t after_ms = (rep->t_ns - kill_ns) / 1000000;
+      slowest_ms = std::max(slowest_ms, after_ms);
+      EXPECT_LT(after_ms, 1000) << "the death should be noticed within 1 s of the kill";
+    } else {
+      EXPECT_EQ(rep->code, Code::kDeadlineExceeded) << rep->message;
+      EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
+      const int64_t waited_ms = (rep->t_ns - wait_start[r]) / 1000000;
+      slowest_ms = std::max(slowest_ms, waited_ms);
+      EXPECT_GE(waited_ms, kWaitTimeout.count() - 100) << "gave up before the deadline";
+      EXPECT_LT(waited_ms, kWaitTimeout.count() + 1500) << "ran far past the deadline";
+    }
+  }
+  auto codes = ranks.ExitCodes(milliseconds(10000));
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(codes[r], kExitOk) << "rank " << r;
+  if (HasFailure()) return;
+
+  // The relaunch: a new job id, new processes (and a new TCPStore, served by rank 0).
+  const int64_t expect_step = committed2 ? 2 : 1;
+  const Launch relaunch = NewLaunch();
+  Ranks ranks2(relaunch, [&](RankEnv& me) -> int {
+    auto ckpt = me.Open(kTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, "relaunch: " + ckpt.status().ToString());
+    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    State into = fresh.state();
+    auto got = (*ckpt)->Load(into);
+    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
+    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(**got, fresh.hash()));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks2.started());
+  std::vector<std::string> loaded(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    auto ld = ranks2.Await(r, "loaded", milliseconds(30000));
+    ASSERT_TRUE(ld.has_value()) << "relaunched rank " << r << " exit "
+                                << ranks2.child(r).ExitCode(milliseconds(2000));
+    ASSERT_EQ(ld->size(), 4u) << Join(*ld);
+    loaded[r] = Join(*ld);
+    EXPECT_EQ((*ld)[0], std::to_string(expect_step)) << "relaunched rank " << r;
+    EXPECT_EQ((*ld)[1], "-") << "relaunched rank " << r
+                             << " skipped steps (a killed save is torn, not corrupt)";
+    if (expect_step == 1) {
+      EXPECT_EQ((*ld)[3], h1) << "relaunched rank " << r;
+    }
+  }
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(loaded[r], loaded[0]) << "relaunched rank " << r;
+  EXPECT_ALL_RANKS_EXIT_OK(ranks2, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: rank 0 SIGKILLed writing step 2 (64 MiB); %d waiters got %s (slowest "
+      "%lld ms %s), none OK; relaunch: all %d ranks loaded step %lld, identical params\n",
+      mode_name().c_str(), kWorld - 1,
+      mode() == WaitMode::kFileLock ? "ABORTED writer died" : "DEADLINE_EXCEEDED",
+      static_cast<long long>(slowest_ms),
+      mode() == WaitMode::kFileLock ? "after the kill" : "after starting to wait", kWorld,
+      static_cast<long long>(expect_step));
+}
+
+// ---------------------------------------------------------------- d. non-blocking
+
+// The waiting ranks' SaveNonBlocking returns at once; Poll() is false while
+// rank 0 sleeps 300 ms before saving, never true before rank 0 began; Wait()
+// is OK once committed, and the step is then theirs bit-for-bit.
+TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
+  constexpr int64_t kStep = 1;
+  const Launch launch = NewLaunch();
+  Ranks ranks(launch, [&](RankEnv& me) -> int {
+    Trainee t(kInitSeed);
+    auto ckpt = me.Open(kTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    t.Train(kStep);
+    me.Say("ready");
+    if (me.Hear(milliseconds(20000)) != std::optional<std::string>("go"))
+      return Fail(me.rank, kExitPipe, "no go");
+    if (me.rank == 0) {
+      std::this_thread::sleep_for(milliseconds(300));
+      me.Say("saving " + std::to_string(NowNs()));
+      auto ticket = (*ckpt)->SaveNonBlocking(kStep, state);
+      if (!ticket.ok()) return Fail(0, kExitSaveFailed, ticket.status().ToString());
+      auto polled = ticket->Poll();
+      if (!polled.ok() || !*polled)
+        return Fail(0, kExitPoll, "rank 0's ticket is not done after its save");
+      Status s = ticket->Wait();
+      if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+      return kExitOk;
+    }
+    const int64_t t0 = NowNs();
+    auto ticket = (*ckpt)->SaveNonBlocking(kStep, state);
+    const int64_t t1 = NowNs();
+    if (!ticket.ok()) return Fail(me.rank, kExitSaveFailed, ticket.status().ToString());
+    if (ticket->step() != kStep) return Fail(me.rank, kExitPoll, "the ticket names another step");
+    auto first = ticket->Poll();
+    const int64_t t_first = NowNs();
+    if (!first.ok()) return Fail(me.rank, kExitPoll, first.status().ToString());
+    std::this_thread::sleep_for(milliseconds(100));
+    auto second = ticket->Poll();
+    const int64_t t_second = NowNs();
+    if (!second.ok()) return Fail(me.rank, kExitPoll, second.status().ToString());
+    Status s = ticket->Wait();
+    const int64_t t_wait = NowNs();
+    me.Say("polls " + std::to_string((t1 - t0) / 1000) + " " + std::to_string(*first) + " " +
+           std::to_string(t_first) + " " + std::to_string(*second) + " " +
+           std::to_string(t_second));
+    me.Say(FormatRet(s, t_wait));
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+    auto after = ticket->Poll();
+    if (!after.ok() || !*after) return Fail(me.rank, kExitPoll, "Poll() not true after Wait() OK");
+    s = CheckStepIsMine(launch.path, kStep, *t.model);
+    if (!s.ok()) return Fail(me.rank, kExitBadStep, "after Wait: " + s.ToString());
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+  for (int r = 0; r < kWorld; ++r)
+    ASSERT_TRUE(ranks.Await(r, "ready", milliseconds(20000)).has_value())
+        << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+  for (int r = 0; r < kWorld; ++r) ranks.Tell(r, "go");
+  auto saving = ranks.Await(0, "saving", milliseconds(10000));
+  ASSERT_TRUE(saving.has_value() && saving->size() == 1u);
+  const int64_t save_ns = std::stoll((*saving)[0]);
+  int64_t max_return_us = 0;
+  for (int r = 1; r < kWorld; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto p = ranks.Await(r, "polls", milliseconds(20000));
+    ASSERT_TRUE(p.has_value() && p->size() == 5u) << ranks.child(r).ExitCode(milliseconds(2000));
+    const int64_t return_us = std::stoll((*p)[0]);
+    max_return_us = std::max(max_return_us, return_us);
+    EXPECT_LT(return_us, 50000) << "SaveNonBlocking blocked a waiting rank";
+    EXPECT_EQ((*p)[1], "0") << "Poll() true at once, while rank 0 slept";
+    for (int i : {1, 3}) {
+      if ((*p)[i] == "1") {
+        EXPECT_GE(std::stoll((*p)[i + 1]), save_ns) << "Poll() true before rank 0 saved";
+      }
+    }
+    auto rep = ParseRet(ranks.AwaitLine(r, "ret", milliseconds(20000)));
+    ASSERT_TRUE(rep.has_value());
+    EXPECT_EQ(rep->code, Code::kOk) << rep->message;
+    EXPECT_GE(rep->t_ns, save_ns) << "Wait() returned before rank 0 began to save";
+  }
+  EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: SaveNonBlocking returned in <= %lld us on %d waiters; Poll() false while "
+      "rank 0 slept 300 ms; Wait() OK after the commit, step verified bit-for-bit\n",
+      mode_name().c_str(), static_cast<long long>(max_return_us), kWorld - 1);
+}
+
+// ---------------------------------------------------------------- e. slow rank 0
+
+// Rank 0 sleeps 500 ms before Load: the others' Load waits for its
+// decision and loads the same step.
+TEST_P(TorchRanksTest, LoadWaitsForASlowRankZerosDecision) {
+  constexpr int64_t kSteps = 2;
+  const Launch launch = NewLaunch();
+  Ranks ranks(launch, [&](RankEnv& me) -> int {
+    Trainee t(kInitSeed);
+    auto ckpt = me.Open(kTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      t.Train(step);
+      Status s = (*ckpt)->Save(step, state);
+      if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+    }
+    me.Say("trained " + t.hash());
+    if (me.Hear(milliseconds(20000)) != std::optional<std::string>("go"))
+      return Fail(me.rank, kExitPipe, "no go");
+    if (me.rank == 0) {
+      std::this_thread::sleep_for(milliseconds(500));
+      me.Say("loading " + std::to_string(NowNs()));
+    }
+    const int64_t t0 = NowNs();
+    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    State into = fresh.state();
+    auto got = (*ckpt)->Load(into);
+    const int64_t t1 = NowNs();
+    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
+    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(**got, fresh.hash()));
+    me.Say("took " + std::to_string(t0) + " " + std::to_string(t1));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+  std::string trained;
+  for (int r = 0; r < kWorld; ++r) {
+    auto tr = ranks.Await(r, "trained", milliseconds(20000));
+    ASSERT_TRUE(tr.has_value() && tr->size() == 1u)
+        << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    if (r == 0) trained = (*tr)[0];
+    EXPECT_EQ((*tr)[0], trained) << "rank " << r << " trained differently (setup)";
+  }
+  for (int r = 0; r < kWorld; ++r) ranks.Tell(r, "go");
+  auto loading = ranks.Await(0, "loading", milliseconds(10000));
+  ASSERT_TRUE(loading.has_value() && loading->size() == 1u);
+  const int64_t rank0_ns = std::stoll((*loading)[0]);
+  std::vector<std::string> loaded(kWorld);
+  int64_t min_wait_ms = -1;
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto ld = ranks.Await(r, "loaded", milliseconds(20000));
+    ASSERT_TRUE(ld.has_value()) << ranks.child(r).ExitCode(milliseconds(2000));
+    ASSERT_EQ(ld->size(), 4u) << Join(*ld);
+    loaded[r] = Join(*ld);
+    EXPECT_EQ((*ld)[0], std::to_string(kSteps));
+    EXPECT_EQ((*ld)[3], trained);
+    auto took = ranks.Await(r, "took", milliseconds(1000));
+    ASSERT_TRUE(took.has_value() && took->size() == 2u);
+    if (r == 0) continue;
+    EXPECT_GE(std::stoll((*took)[1]), rank0_ns) << "loaded before rank 0 began to decide";
+    const int64_t waited_ms = (std::stoll((*took)[1]) - std::stoll((*took)[0])) / 1000000;
+    if (min_wait_ms < 0 || waited_ms < min_wait_ms) min_wait_ms = waited_ms;
+  }
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(loaded[r], loaded[0]) << "rank " << r;
+  EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: rank 0 slept 500 ms before Load; %d ranks waited >= %lld ms for its "
+      "decision; all loaded step %lld, identical params\n",
+      mode_name().c_str(), kWorld - 1, static_cast<long long>(min_wait_ms),
+      static_cast<long long>(kSteps));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TorchRanksTest,
+                         ::testing::Values(WaitMode::kManifest, WaitMode::kFileLock,
+                                           WaitMode::kStore),
+                         [](const ::testing::TestParamInfo<WaitMode>& param_info) {
+                           switch (param_info.param) {
+                             case WaitMode::kManifest:
+                               return std::string("Manifest");
+                             case WaitMode::kFileLock:
+                               return std::string("FileLock");
+                             case WaitMode::kStore:
+                               return std::string("C10dStore");
+                           }
+                           return std::string("Unknown");
+                         });
+
+}  // namespace
+}  // namespace ckptio

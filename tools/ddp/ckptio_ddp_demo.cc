@@ -1,0 +1,192 @@
+// ckptio-ddp-demo: a data-parallel trainer on CPU that checkpoints through
+// ckptio. Run it with ckptio-launch (or torchrun / mpirun):
+//
+//   ckptio-launch -n 4 -- ckptio-ddp-demo --store ./demo-store --steps 60 --every 10
+//
+// Rendezvous through a c10d TCPStore at MASTER_ADDR:MASTER_PORT; gradients
+// are all-reduced with ProcessGroupGloo. The data of step s on rank r is a
+// pure function of (s, r), every op is deterministic on one thread, and the
+// optimizer state is checkpointed, so a run that is killed and resumed ends
+// with exactly the parameters of one that never stopped: the demo prints
+// their XXH3-128 so anyone can compare.
+//
+// --kill-rank0-during-save=STEP SIGKILLs rank 0 in the middle of writing
+// STEP's checkpoint (when its first object's temp file is open).
+#include <signal.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+
+#include "ckptio/backends.h"
+#include "ckptio/posix_backend.h"
+#include "ckptio/torch.h"
+
+namespace {
+
+struct Mlp : torch::nn::Module {
+  Mlp() {
+    fc1 = register_module("fc1", torch::nn::Linear(32, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 64));
+    fc3 = register_module("fc3", torch::nn::Linear(64, 1));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return fc3(torch::tanh(fc2(torch::tanh(fc1(x)))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+// The batch of `step` for `rank`: deterministic, different per rank.
+std::pair<torch::Tensor, torch::Tensor> Batch(int64_t step, int rank) {
+  torch::manual_seed(1000003 * step + rank);
+  torch::Tensor x = torch::randn({64, 32});
+  torch::Tensor y = (x.narrow(1, 0, 8).sum(1, true) * 0.5).sin() + 0.1 * x.narrow(1, 8, 1);
+  return {x, y};
+}
+
+std::string ParamHash(const torch::nn::Module& m) {
+  ckptio::Hasher h;
+  for (const auto& p : m.named_parameters()) {
+    torch::Tensor t = p.value().detach().contiguous();
+    h.Update(p.key().data(), p.key().size());
+    h.Update(t.data_ptr(), t.nbytes());
+  }
+  return h.Digest().Hex();
+}
+
+int Fail(const ckptio::RankInfo& rank, const std::string& what, const ckptio::Status& s) {
+  std::cerr << "rank " << rank.rank << ": " << what << ": " << s << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptio-ddp-demo: data-parallel MLP training with ckptio checkpoints"};
+  std::string store_path = "./demo-store", wait = "file-lock";
+  int64_t steps = 60, every = 10, kill_at = -1;
+  int keep = 3;
+  double timeout_s = 60;
+  app.add_option("--store", store_path, "checkpoint store (path or file:// URI)");
+  app.add_option("--steps", steps, "training steps in all")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--every", every, "checkpoint every K steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--keep", keep, "keep the newest N checkpoints")->check(CLI::Range(0, 1000000));
+  app.add_option("--wait", wait, "how ranks learn of a commit: manifest, file-lock or store")
+      ->check(CLI::IsMember({"manifest", "file-lock", "store"}));
+  app.add_option("--timeout", timeout_s, "seconds any wait may take")->check(CLI::PositiveNumber);
+  app.add_option("--kill-rank0-during-save", kill_at,
+                 "SIGKILL rank 0 in the middle of writing this step's checkpoint");
+  CLI11_PARSE(app, argc, argv);
+
+  torch::set_num_threads(1);  // deterministic arithmetic
+  auto rank_or = ckptio::RankInfo::FromEnv();
+  if (!rank_or.ok()) {
+    std::cerr << "ckptio-ddp-demo: " << rank_or.status() << "\n";
+    return 2;
+  }
+  const ckptio::RankInfo rank = *rank_or;
+  const char* master_addr = std::getenv("MASTER_ADDR");
+  const char* master_port = std::getenv("MASTER_PORT");
+  if (rank.world_size > 1 && (!master_addr || !master_port)) {
+    std::cerr << "ckptio-ddp-demo: set MASTER_ADDR and MASTER_PORT for the rendezvous (ckptio-launch "
+                 "does; with mpirun pass -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29555)\n";
+    return 2;
+  }
+
+  // Rendezvous and process group.
+  c10::intrusive_ptr<c10d::Store> tcp;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  if (rank.world_size > 1) {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(std::atoi(master_port));
+    opts.isServer = rank.rank == 0;
+    opts.numWorkers = rank.world_size;
+    opts.timeout = timeout;
+    tcp = c10::make_intrusive<c10d::TCPStore>(master_addr, opts);
+    auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(tcp, rank.rank, rank.world_size, pg_opts);
+  }
+
+  ckptio::CheckpointerOptions copt;
+  copt.keep_last = keep;
+  copt.timeout = timeout;
+  copt.wait = wait == "manifest"    ? ckptio::WaitMode::kManifest
+              : wait == "file-lock" ? ckptio::WaitMode::kFileLock
+                                    : ckptio::WaitMode::kStore;
+  if (copt.wait == ckptio::WaitMode::kStore) {
+    if (!tcp) {
+      std::cerr << "ckptio-ddp-demo: --wait store needs more than one rank\n";
+      return 2;
+    }
+    copt.c10d_store = tcp;
+  }
+  if (rank.rank == 0 && kill_at >= 0) {
+    // Die the moment the first object of that step's checkpoint is opened.
+    const std::string marker = "/" + ckptio::StepDirName(kill_at) + "/";
+    ckptio::PosixBackendOptions po;
+    po.hook = [marker](ckptio::PosixSyncPoint p, const std::string& path) {
+      if (p == ckptio::PosixSyncPoint::kTempOpened && path.find(marker) != std::string::npos) {
+        std::cerr << "rank 0: --kill-rank0-during-save: SIGKILL while writing " << path << "\n";
+        ::raise(SIGKILL);
+      }
+      return ckptio::OkStatus();
+    };
+    auto uri = ckptio::Uri::Parse(store_path);
+    auto backend = uri.ok() ? ckptio::NewPosixBackend(uri->path, po) : uri.status();
+    if (!backend.ok()) return Fail(rank, "opening the store", backend.status());
+    copt.backend = std::move(*backend);
+  }
+  auto ckpt_or = ckptio::Checkpointer::Open(store_path, rank, copt);
+  if (!ckpt_or.ok()) return Fail(rank, "opening the checkpointer", ckpt_or.status());
+  auto& ckpt = **ckpt_or;
+
+  torch::manual_seed(42);  // identical initial model on every rank
+  Mlp model;
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  ckptio::State state{{"model", model}, {"optim", sgd}};
+
+  int64_t start = 1;
+  auto got = ckpt.Load(state);
+  if (!got.ok()) return Fail(rank, "loading the newest checkpoint", got.status());
+  if (got->has_value()) {
+    start = (*got)->step + 1;
+    if (rank.rank == 0)
+      std::cout << "resumed from step " << (*got)->step << " (loaded on every rank, verified)"
+                << std::endl;
+  } else if (rank.rank == 0) {
+    std::cout << "no checkpoint yet: starting at step 1" << std::endl;
+  }
+
+  for (int64_t step = start; step <= steps; ++step) {
+    auto [x, y] = Batch(step, rank.rank);
+    sgd.zero_grad();
+    torch::Tensor loss = torch::mse_loss(model.forward(x), y);
+    loss.backward();
+    if (pg) {
+      for (auto& p : model.parameters()) {
+        std::vector<torch::Tensor> grads{p.grad()};
+        pg->allreduce(grads)->wait();
+        p.grad().div_(rank.world_size);
+      }
+    }
+    sgd.step();
+    if (step % every == 0 || step == steps) {
+      state.SetInt("step", step);
+      ckptio::Status s = ckpt.Save(step, state);
+      if (!s.ok()) return Fail(rank, "checkpoint of step " + std::to_string(step), s);
+      if (rank.rank == 0)
+        std::cout << "step " << step << ": loss " << loss.item<float>() << ", checkpoint committed"
+                  << std::endl;
+    }
+  }
+  const std::string hash = ParamHash(model);
+  if (rank.rank == 0) std::cout << "final parameter hash: " << hash << std::endl;
+  if (pg) pg->barrier()->wait();  // no rank leaves while others still need the store
+  return 0;
+}

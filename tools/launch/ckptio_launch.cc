@@ -1,0 +1,161 @@
+// ckptio-launch: starts N local ranks of a program with the torchrun
+// environment, forwards signals, and reports how each rank ended.
+//
+//   ckptio-launch -n 4 -- ckptio-ddp-demo --store ./demo-store
+//
+// Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port unless --master-port) and
+// CKPTIO_JOB_ID (fresh per launch). When a rank fails, the others get
+// --grace seconds to finish, then SIGTERM, then SIGKILL.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+volatile sig_atomic_t g_forward = 0;
+
+void OnSignal(int sig) { g_forward = sig; }
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return "exited " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           ::strsignal(WTERMSIG(status)) + ")";
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptio-launch: run N local ranks of PROGRAM with the torchrun environment"};
+  int n = 1, master_port = 0;
+  double grace = 30;
+  std::string job_id;
+  std::vector<std::string> command;
+  app.add_option("-n,--nproc", n, "number of ranks")->check(CLI::Range(1, 1024));
+  app.add_option("--master-port", master_port, "rendezvous port (default: a free one)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--job-id", job_id, "CKPTIO_JOB_ID for the ranks (default: fresh)");
+  app.add_option("--grace", grace, "seconds the other ranks get after one fails")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("command", command, "PROGRAM and its arguments (after --)")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  if (master_port == 0) master_port = FreePort();
+  if (master_port <= 0) {
+    std::cerr << "ckptio-launch: could not find a free port; pass --master-port\n";
+    return 1;
+  }
+  if (job_id.empty()) {
+    std::random_device rd;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "launch-%08x%08x", rd(), rd());
+    job_id = buf;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<pid_t> pids(n, -1);
+  for (int rank = 0; rank < n; ++rank) {
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("ckptio-launch: fork");
+      return 1;
+    }
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+      ::setenv("CKPTIO_JOB_ID", job_id.c_str(), 1);
+      std::vector<char*> args;
+      for (auto& a : command) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::cerr << "ckptio-launch: cannot run " << command[0] << ": " << std::strerror(errno) << "\n";
+      ::_exit(127);
+    }
+    pids[rank] = pid;
+  }
+  std::cerr << "ckptio-launch: started " << n << " rank(s) of " << command[0] << " (MASTER_PORT "
+            << master_port << ", job " << job_id << ")\n";
+
+  int first_failure = 0;
+  int remaining = n;
+  auto failed_at = std::chrono::steady_clock::time_point::max();
+  bool termed = false;
+  while (remaining > 0) {
+    if (g_forward) {
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, g_forward);
+      g_forward = 0;
+    }
+    int status = 0;
+    pid_t done = ::waitpid(-1, &status, WNOHANG);
+    if (done > 0) {
+      for (int rank = 0; rank < n; ++rank) {
+        if (pids[rank] != done) continue;
+        pids[rank] = -1;
+        --remaining;
+        std::cerr << "ckptio-launch: rank " << rank << " " << Describe(status) << "\n";
+        if (ExitCode(status) != 0 && first_failure == 0) {
+          first_failure = ExitCode(status);
+          failed_at = std::chrono::steady_clock::now();
+        }
+      }
+      continue;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (first_failure && now - failed_at > std::chrono::duration<double>(grace)) {
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, termed ? SIGKILL : SIGTERM);
+      if (!termed)
+        std::cerr << "ckptio-launch: a rank failed " << grace << " s ago; stopping the rest\n";
+      termed = true;
+      failed_at = now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(grace)) +
+                  std::chrono::seconds(5);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return first_failure;
+}
