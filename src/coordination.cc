@@ -14,9 +14,12 @@ namespace ckptio {
 
 std::string_view WaitModeName(WaitMode mode) {
   switch (mode) {
-    case WaitMode::kManifest: return "manifest";
-    case WaitMode::kFileLock: return "file-lock";
-    case WaitMode::kStore: return "c10d-store";
+    case WaitMode::kManifest:
+      return "manifest";
+    case WaitMode::kFileLock:
+      return "file-lock";
+    case WaitMode::kStore:
+      return "c10d-store";
   }
   return "unknown";
 }
@@ -73,8 +76,7 @@ class FileCoordinator : public Coordinator {
           break;
         }
         if (lock.status().code() != Code::kFailedPrecondition || !backoff.Wait())
-          return lock.status().WithContext("taking the save lock for step " +
-                                           std::to_string(step));
+          return lock.status().WithContext("taking the save lock for step " + std::to_string(step));
       }
     }
     return WriteRecord(step, "saving", OkStatus());
@@ -118,10 +120,10 @@ class FileCoordinator : public Coordinator {
 
   Status Publish(const std::string& name, const std::string& payload) override {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
-    return WriteSmall(*backend_, DecisionKey(name),
-                      SerializeRecord(kDecisionFormat,
-                                      {{"job", job_}, {"name", name}, {"payload", payload}}),
-                      WriteMode::kReplace);
+    return WriteSmall(
+        *backend_, DecisionKey(name),
+        SerializeRecord(kDecisionFormat, {{"job", job_}, {"name", name}, {"payload", payload}}),
+        WriteMode::kReplace);
   }
 
   Result<std::string> WaitFor(const std::string& name, std::chrono::milliseconds timeout) override {
@@ -150,9 +152,8 @@ class FileCoordinator : public Coordinator {
     Code code = Code::kInternal;
     auto it = r.find("code");
     if (it != r.end() && it->second.size() <= 2 &&
-        it->second.find_first_not_of("0123456789") == std::string::npos &&
-        !it->second.empty() && std::stoi(it->second) > 0 &&
-        std::stoi(it->second) <= static_cast<int>(Code::kInternal))
+        it->second.find_first_not_of("0123456789") == std::string::npos && !it->second.empty() &&
+        std::stoi(it->second) > 0 && std::stoi(it->second) <= static_cast<int>(Code::kInternal))
       code = static_cast<Code>(std::stoi(it->second));
     auto msg = r.find("message");
     return Status(code, "rank 0 failed to save step " + std::to_string(step) + ": " +
@@ -190,16 +191,16 @@ class FileCoordinator : public Coordinator {
   }
 
   Status WriteRecord(int64_t step, const std::string& state, const Status& outcome) {
-    return WriteSmall(*backend_, kSaveRecordKey,
-                      SerializeRecord(kSaveFormat,
-                                      {{"job", job_},
-                                       {"step", std::to_string(step)},
-                                       {"state", state},
-                                       {"host", HostName()},
-                                       {"pid", std::to_string(::getpid())},
-                                       {"code", std::to_string(static_cast<int>(outcome.code()))},
-                                       {"message", outcome.message()}}),
-                      WriteMode::kReplace);
+    return WriteSmall(
+        *backend_, kSaveRecordKey,
+        SerializeRecord(kSaveFormat, {{"job", job_},
+                                      {"step", std::to_string(step)},
+                                      {"state", state},
+                                      {"host", HostName()},
+                                      {"pid", std::to_string(::getpid())},
+                                      {"code", std::to_string(static_cast<int>(outcome.code()))},
+                                      {"message", outcome.message()}}),
+        WriteMode::kReplace);
   }
 
   std::shared_ptr<StorageBackend> backend_;

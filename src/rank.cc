@@ -56,7 +56,9 @@ std::string JobId(const std::function<const char*(const char*)>& get, const char
 
 }  // namespace
 
-Result<RankInfo> RankInfo::FromEnv() { return FromEnv([](const char* n) { return std::getenv(n); }); }
+Result<RankInfo> RankInfo::FromEnv() {
+  return FromEnv([](const char* n) { return std::getenv(n); });
+}
 
 Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>& get) {
   for (const Scheme& sc : kSchemes) {
@@ -65,10 +67,10 @@ Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>
     for (const char* n : names) present += get(n) != nullptr;
     if (present == 0) continue;
     if (present < 3)
-      return Status(Code::kInvalidArgument,
-                    std::string(sc.source) + " environment is incomplete: need " + sc.rank + ", " +
-                        sc.local_rank + " and " + sc.world_size + " (found " +
-                        std::to_string(present) + " of them)");
+      return Status(Code::kInvalidArgument, std::string(sc.source) +
+                                                " environment is incomplete: need " + sc.rank +
+                                                ", " + sc.local_rank + " and " + sc.world_size +
+                                                " (found " + std::to_string(present) + " of them)");
     RankInfo r;
     r.source = sc.source;
     int values[4] = {ParseCount(get(sc.rank)), ParseCount(get(sc.local_rank)),
@@ -87,8 +89,8 @@ Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>
     // Unknown: any local rank below world_size is possible.
     r.local_world_size = values[3] >= 0 ? values[3] : r.world_size;
     r.job_id = JobId(get, sc.source);
-    CKPTIO_RETURN_IF_ERROR(r.Validate().WithContext(std::string("from the ") + sc.source +
-                                                    " environment"));
+    CKPTIO_RETURN_IF_ERROR(
+        r.Validate().WithContext(std::string("from the ") + sc.source + " environment"));
     return r;
   }
   RankInfo single;

@@ -101,8 +101,10 @@ std::string_view StepStateName(StepState s) {
       return "committed";
     case StepState::kTorn:
       return "torn";
-        case StepState::kCorrupt: return "corrupt";
-    case StepState::kUnsupported: return "unsupported";
+    case StepState::kCorrupt:
+      return "corrupt";
+    case StepState::kUnsupported:
+      return "unsupported";
   }
   return "unknown";
 }
@@ -138,11 +140,13 @@ Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
     Status s = reader.status();
     if (s.code() == Code::kNotFound) {
       // Retired by retention while we read it, or damaged?
-      bool retired = backend_->Stat(StepDirName(step()) + "/" + std::string(kManifestName))
-                         .status()
-                         .code() == Code::kNotFound;
-      s = retired ? Status(Code::kNotFound, "the step was deleted (retention or gc) while being "
-                                            "read; open LATEST again: " + s.message())
+      bool retired =
+          backend_->Stat(StepDirName(step()) + "/" + std::string(kManifestName)).status().code() ==
+          Code::kNotFound;
+      s = retired ? Status(Code::kNotFound,
+                           "the step was deleted (retention or gc) while being "
+                           "read; open LATEST again: " +
+                               s.message())
                   : Status(Code::kDataLoss, "object is missing: " + s.message());
     }
     return s.WithContext("store " + backend_->Uri() + ", step " + std::to_string(step()));
@@ -317,7 +321,7 @@ struct PendingCheckpoint::State {
   Manifest manifest;
   std::set<std::string, std::less<>> names;
   int open_streams = 0;
-  Status failure;  // the first failure of any object; fails the commit
+  Status failure;         // the first failure of any object; fails the commit
   bool finished = false;  // committed, or failed to commit
   bool committed = false;
 
@@ -492,8 +496,8 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
   // outside its object).
   auto reparsed = ParseManifest(bytes, StepDirName(st.step) + "/" + std::string(kManifestName));
   if (!reparsed.ok())
-    return Status(Code::kInvalidArgument, what + ": the checkpoint is inconsistent: " +
-                                              reparsed.status().message());
+    return Status(Code::kInvalidArgument,
+                  what + ": the checkpoint is inconsistent: " + reparsed.status().message());
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   CKPTIO_RETURN_IF_ERROR(
       WriteSmall(backend, st.dir + std::string(kManifestName), bytes, WriteMode::kCreateExclusive)
@@ -539,9 +543,9 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
 
 Result<std::vector<int64_t>> WriterCore::CollectGarbage(int keep_last,
                                                         std::optional<int64_t> skip) {
-    if (keep_last < 1)
-    return Status(Code::kInvalidArgument, "keep_last must be at least 1 (got " +
-                                              std::to_string(keep_last) + ")");
+  if (keep_last < 1)
+    return Status(Code::kInvalidArgument,
+                  "keep_last must be at least 1 (got " + std::to_string(keep_last) + ")");
   CKPTIO_RETURN_IF_ERROR(CheckFence());
   Store store(backend);
   CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());

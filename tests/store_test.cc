@@ -306,8 +306,8 @@ TEST_F(StoreTest, AFencedWritersAbandonedCheckpointDeletesNothing) {
     CKPTIO_ASSERT_OK(rec->Append(bytes.data(), bytes.size()));
     CKPTIO_ASSERT_OK(rec->Commit());
     CKPTIO_ASSERT_OK(other->Delete("step-000000000002/a"));
-    CKPTIO_ASSERT_OK_AND_ASSIGN(auto obj, other->NewObject("step-000000000002/a",
-                                                           WriteMode::kCreateExclusive));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(
+        auto obj, other->NewObject("step-000000000002/a", WriteMode::kCreateExclusive));
     CKPTIO_ASSERT_OK(obj->Append("successor", 9));
     CKPTIO_ASSERT_OK(obj->Commit());
   }

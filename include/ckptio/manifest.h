@@ -72,7 +72,7 @@ struct TensorEntry {
   std::string object;  // the object holding the bytes
   std::string dtype;   // safetensors dtype: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL
   std::vector<int64_t> shape;
-  std::string device;  // where it lived when saved, e.g. "cuda:0", "cpu"
+  std::string device;   // where it lived when saved, e.g. "cuda:0", "cpu"
   uint64_t offset = 0;  // byte range [offset, offset + length) of the object
   uint64_t length = 0;  // = product(shape) * element size
 };
@@ -129,7 +129,8 @@ Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view 
 
 // A small sealed record of string fields (the coordination records in
 // .coord/): {"format": format, "version": 1, ...fields, "checksum": ...}.
-std::string SerializeRecord(std::string_view format, const std::map<std::string, std::string>& fields);
+std::string SerializeRecord(std::string_view format,
+                            const std::map<std::string, std::string>& fields);
 // DataLoss if damaged or of another format; at most 64 KiB.
 Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
                                                        std::string_view format,

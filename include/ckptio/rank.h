@@ -10,8 +10,8 @@
 namespace ckptio {
 
 struct RankInfo {
-  int rank = 0;              // global rank, 0 .. world_size-1
-  int local_rank = 0;        // rank on this node, 0 .. local_world_size-1
+  int rank = 0;        // global rank, 0 .. world_size-1
+  int local_rank = 0;  // rank on this node, 0 .. local_world_size-1
   int world_size = 1;
   int local_world_size = 1;
   // Shared by every rank of one launch and different for the next launch

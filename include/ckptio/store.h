@@ -179,9 +179,9 @@ struct WriterOptions {
 };
 
 enum class StepState {
-  kCommitted,  // MANIFEST.json present and valid (data not checked)
-  kTorn,       // no MANIFEST.json: an unfinished or abandoned save
-  kCorrupt,    // MANIFEST.json present but unreadable, or data bad
+  kCommitted,    // MANIFEST.json present and valid (data not checked)
+  kTorn,         // no MANIFEST.json: an unfinished or abandoned save
+  kCorrupt,      // MANIFEST.json present but unreadable, or data bad
   kUnsupported,  // written by a newer ckptio (format version): never repaired
 };
 std::string_view StepStateName(StepState s);

@@ -23,7 +23,6 @@
 #ifndef CKPTIO_TORCH_H_
 #define CKPTIO_TORCH_H_
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -34,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "ckptio/coordination.h"

@@ -386,7 +386,8 @@ class PosixBackend : public StorageBackend {
     std::string path = DirPath(dirs) + "/" + base;
     std::lock_guard<std::mutex> g(HeldLocksMutex());
     auto dir = OpenDir(dirs, false);
-    if (!dir.ok()) return dir.status().code() == Code::kNotFound ? Result<bool>(false) : dir.status();
+    if (!dir.ok())
+      return dir.status().code() == Code::kNotFound ? Result<bool>(false) : dir.status();
     struct stat st;
     if (::fstatat(dir->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       return errno == ENOENT ? Result<bool>(false) : ErrnoToStatus(errno, "stat " + path);

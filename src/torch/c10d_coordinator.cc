@@ -19,9 +19,10 @@ class C10dCoordinator : public Coordinator {
 
   // "ok", or "failed:<code>:<message>".
   Status EndSave(int64_t step, const Status& outcome) override {
-    std::string value = outcome.ok() ? "ok"
-                                     : "failed:" + std::to_string(static_cast<int>(outcome.code())) +
-                                           ":" + outcome.message();
+    std::string value = outcome.ok()
+                            ? "ok"
+                            : "failed:" + std::to_string(static_cast<int>(outcome.code())) + ":" +
+                                  outcome.message();
     return Call("publishing step " + std::to_string(step), [&] {
       store_->set(SaveKey(step), Bytes(value));
       return OkStatus();
@@ -45,10 +46,10 @@ class C10dCoordinator : public Coordinator {
       return OkStatus();
     });
     if (!waited.ok())
-      return Status(Code::kDeadlineExceeded,
-                    "timed out after " + std::to_string(timeout.count()) +
-                        " ms waiting for rank 0 to commit step " + std::to_string(step) +
-                        " (wait mode c10d-store): " + waited.message());
+      return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
+                                                 " ms waiting for rank 0 to commit step " +
+                                                 std::to_string(step) +
+                                                 " (wait mode c10d-store): " + waited.message());
     return Outcome(step);
   }
 
@@ -93,10 +94,11 @@ class C10dCoordinator : public Coordinator {
       } catch (const std::exception&) {
       }
     }
-    if (code <= 0 || code > static_cast<int>(Code::kInternal)) code = static_cast<int>(Code::kInternal);
-    return Status(static_cast<Code>(code), "rank 0 failed to save step " + std::to_string(step) +
-                                               ": " +
-                                               (b == std::string::npos ? value : value.substr(b + 1)));
+    if (code <= 0 || code > static_cast<int>(Code::kInternal))
+      code = static_cast<int>(Code::kInternal);
+    return Status(static_cast<Code>(code),
+                  "rank 0 failed to save step " + std::to_string(step) + ": " +
+                      (b == std::string::npos ? value : value.substr(b + 1)));
   }
 
   template <typename Fn>

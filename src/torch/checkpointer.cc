@@ -83,9 +83,8 @@ Status SaveItems(PendingCheckpoint& pending, const State& state) {
     }
   }
   if (!loose.empty())
-    CKPTIO_RETURN_IF_ERROR(Guard("saving tensors", [&] {
-      return WriteSafetensors(pending, kTensorsObject, loose);
-    }));
+    CKPTIO_RETURN_IF_ERROR(
+        Guard("saving tensors", [&] { return WriteSafetensors(pending, kTensorsObject, loose); }));
   for (const auto& [key, value] : state.metadata)
     CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(kUserPrefix + key, value));
   return OkStatus();
@@ -93,7 +92,7 @@ Status SaveItems(PendingCheckpoint& pending, const State& state) {
 
 // Everything a load will apply, prepared without touching the caller's state.
 struct Staged {
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;  // (target, loaded)
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;       // (target, loaded)
   std::vector<std::pair<torch::optim::Optimizer*, std::string>> optimizers;  // verified bytes
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> tensors;
   std::map<std::string, std::string> metadata;
@@ -109,8 +108,7 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 // name present with the same dtype and shape, nothing extra.
 Status StageTensors(CheckpointReader& reader, const std::string& object, const std::string& what,
                     const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
-                    const MapLocation& map, const RankInfo& rank,
-                    std::vector<torch::Tensor>* out) {
+                    const MapLocation& map, const RankInfo& rank, std::vector<torch::Tensor>* out) {
   std::map<std::string, const TensorEntry*> saved;
   for (const auto& t : reader.manifest().tensors)
     if (t.object == object) saved[t.name] = &t;
@@ -129,19 +127,17 @@ Status StageTensors(CheckpointReader& reader, const std::string& object, const s
     CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(e.device, rank));
     CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, ReadTensor(reader, e, device));
     if (t.scalar_type() != live.scalar_type())
-      return Status(Code::kInvalidArgument, where + ": tensor \"" + name + "\" is " +
-                                                std::string(c10::toString(t.scalar_type())) +
-                                                " in the checkpoint but " +
-                                                std::string(c10::toString(live.scalar_type())) +
-                                                " in the model");
+      return Status(Code::kInvalidArgument,
+                    where + ": tensor \"" + name + "\" is " +
+                        std::string(c10::toString(t.scalar_type())) + " in the checkpoint but " +
+                        std::string(c10::toString(live.scalar_type())) + " in the model");
     out->push_back(t);
     saved.erase(it);
   }
   if (!saved.empty())
-    return Status(Code::kInvalidArgument, where + ": the checkpoint has " +
-                                              std::to_string(saved.size()) +
-                                              " tensor(s) the model lacks, e.g. \"" +
-                                              saved.begin()->first + "\"");
+    return Status(Code::kInvalidArgument,
+                  where + ": the checkpoint has " + std::to_string(saved.size()) +
+                      " tensor(s) the model lacks, e.g. \"" + saved.begin()->first + "\"");
   return OkStatus();
 }
 
@@ -158,11 +154,12 @@ Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& 
   for (StateItem& item : state.items) {
     const std::string& name = item.name();
     const std::string kind = kind_of(name);
-    const std::string missing = "step " + std::to_string(reader.step()) + " has no " +
-                                std::string(item.kind() == StateItem::Kind::kModule      ? "module"
-                                            : item.kind() == StateItem::Kind::kOptimizer ? "optimizer"
-                                                                                         : "tensor") +
-                                " named \"" + name + "\"";
+    const std::string missing =
+        "step " + std::to_string(reader.step()) + " has no " +
+        std::string(item.kind() == StateItem::Kind::kModule      ? "module"
+                    : item.kind() == StateItem::Kind::kOptimizer ? "optimizer"
+                                                                 : "tensor") +
+        " named \"" + name + "\"";
     switch (item.kind()) {
       case StateItem::Kind::kModule: {
         if (kind != "module") return Status(Code::kInvalidArgument, missing);
@@ -198,9 +195,8 @@ Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& 
     for (size_t i = 0; i < loose_wanted.size(); ++i) {
       auto it = saved.find(loose_wanted[i].first);
       if (it == saved.end())
-        return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) +
-                                           ": tensor \"" + loose_wanted[i].first +
-                                           "\" is listed but not stored");
+        return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) + ": tensor \"" +
+                                           loose_wanted[i].first + "\" is listed but not stored");
       CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(it->second->device, rank));
       CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, ReadTensor(reader, *it->second, device));
       staged.tensors.emplace_back(loose_targets[i], t);
@@ -240,8 +236,9 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
         } catch (const std::exception&) {
         }
       }
-      return s.WithContext("the checkpoint's optimizer state does not fit (optimizers restored, "
-                           "modules untouched)");
+      return s.WithContext(
+          "the checkpoint's optimizer state does not fit (optimizers restored, "
+          "modules untouched)");
     }
   }
   torch::NoGradGuard no_grad;
@@ -255,8 +252,7 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
 
 // ------------------------------------------------------------- Checkpointer
 
-Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri,
-                                                         const RankInfo& rank,
+Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, const RankInfo& rank,
                                                          CheckpointerOptions options) {
   CKPTIO_RETURN_IF_ERROR(rank.Validate());
   std::unique_ptr<Checkpointer> c(new Checkpointer());
@@ -283,7 +279,8 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri,
     wo.chunk_size = c->options_.chunk_size;
     wo.world_size = rank.world_size;
     wo.saving_rank = 0;
-    wo.lock_wait = std::min<std::chrono::milliseconds>(c->options_.timeout, std::chrono::seconds(30));
+    wo.lock_wait =
+        std::min<std::chrono::milliseconds>(c->options_.timeout, std::chrono::seconds(30));
     CKPTIO_ASSIGN_OR_RETURN(c->writer_, c->store_->OpenWriter(wo));
   }
   return c;
@@ -394,8 +391,7 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
               {"message", "no checkpoint in " + store_->uri() + " verifies; newest problem: " +
                               skipped.front()[1].get<std::string>()}};
     }();
-    if (rank_.world_size > 1)
-      CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(name, decision.dump()));
+    if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(name, decision.dump()));
   } else {
     CKPTIO_ASSIGN_OR_RETURN(std::string payload, coordinator_->WaitFor(name, options_.timeout));
     decision = json::parse(payload, nullptr, /*allow_exceptions=*/false);

@@ -15,9 +15,9 @@ struct DtypeName {
   const char* name;
 };
 constexpr DtypeName kDtypes[] = {
-    {torch::kFloat64, "F64"}, {torch::kFloat32, "F32"}, {torch::kFloat16, "F16"},
-    {torch::kBFloat16, "BF16"}, {torch::kInt64, "I64"},  {torch::kInt32, "I32"},
-    {torch::kInt16, "I16"},   {torch::kInt8, "I8"},     {torch::kUInt8, "U8"},
+    {torch::kFloat64, "F64"},   {torch::kFloat32, "F32"}, {torch::kFloat16, "F16"},
+    {torch::kBFloat16, "BF16"}, {torch::kInt64, "I64"},   {torch::kInt32, "I32"},
+    {torch::kInt16, "I16"},     {torch::kInt8, "I8"},     {torch::kUInt8, "U8"},
     {torch::kBool, "BOOL"},
 };
 
@@ -76,9 +76,8 @@ Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
     pos = it.end;
     if (header.contains(it.name))
       return Status(Code::kInvalidArgument, "tensor name \"" + it.name + "\" repeats in " + object);
-    header[it.name] = {{"dtype", it.dtype},
-                       {"shape", it.cpu.sizes().vec()},
-                       {"data_offsets", {it.begin, it.end}}};
+    header[it.name] = {
+        {"dtype", it.dtype}, {"shape", it.cpu.sizes().vec()}, {"data_offsets", {it.begin, it.end}}};
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
@@ -120,8 +119,8 @@ Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& en
   try {
     return cpu.to(device);
   } catch (const c10::Error& e) {
-    return Status(Code::kFailedPrecondition,
-                  "moving tensor " + entry.name + " to " + device.str() + ": " + e.what_without_backtrace());
+    return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
+                                                 ": " + e.what_without_backtrace());
   }
 }
 

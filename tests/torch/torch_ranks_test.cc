@@ -25,8 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +36,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "ckptio/backends.h"
@@ -328,8 +327,8 @@ struct Trainee {
   explicit Trainee(uint64_t seed) {
     torch::manual_seed(seed);
     model = torch::nn::Linear(16, 8);
-    adam = std::make_unique<torch::optim::Adam>(model->parameters(),
-                                                torch::optim::AdamOptions(1e-2));
+    adam =
+        std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
   }
   Trainee(const Trainee&) = delete;
   Trainee& operator=(const Trainee&) = delete;
@@ -385,8 +384,8 @@ struct Launch {
   std::string path;
   std::string job;
   WaitMode mode = WaitMode::kManifest;
-  int port = -1;               // kStore
-  bool agent_serves = false;   // kStore: a separate process serves the TCPStore, not rank 0
+  int port = -1;              // kStore
+  bool agent_serves = false;  // kStore: a separate process serves the TCPStore, not rank 0
 };
 
 constexpr char kDoneKey[] = "torch-ranks-test/done";
@@ -395,8 +394,8 @@ constexpr char kDoneKey[] = "torch-ranks-test/done";
 struct RankEnv {
   int rank = 0;
   const Launch* launch = nullptr;
-  int in = -1;   // lines from the parent
-  int out = -1;  // lines to the parent
+  int in = -1;                           // lines from the parent
+  int out = -1;                          // lines to the parent
   c10::intrusive_ptr<c10d::Store> c10d;  // kStore
 
   void Say(const std::string& line) const { WriteLine(out, line); }
@@ -637,10 +636,12 @@ TEST_P(TorchRanksTest, EveryRankSeesOnlyCommittedStepsAndLoadsTheSame) {
   std::vector<std::string> loaded(kWorld), trained(kWorld);
   for (int r = 0; r < kWorld; ++r) {
     auto tr = ranks.Await(r, "trained", milliseconds(60000));
-    ASSERT_TRUE(tr.has_value()) << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    ASSERT_TRUE(tr.has_value()) << "rank " << r << " exit "
+                                << ranks.child(r).ExitCode(milliseconds(2000));
     trained[r] = Join(*tr);
     auto ld = ranks.Await(r, "loaded", milliseconds(20000));
-    ASSERT_TRUE(ld.has_value()) << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    ASSERT_TRUE(ld.has_value()) << "rank " << r << " exit "
+                                << ranks.child(r).ExitCode(milliseconds(2000));
     ASSERT_EQ(ld->size(), 4u) << Join(*ld);
     loaded[r] = Join(*ld);
     EXPECT_EQ((*ld)[0], std::to_string(kRounds)) << "rank " << r;
@@ -712,7 +713,8 @@ TEST_P(TorchRanksTest, EveryRankFallsBackPastACorruptStepAlike) {
   std::vector<std::string> loaded(kWorld);
   for (int r = 0; r < kWorld; ++r) {
     auto ld = ranks.Await(r, "loaded", milliseconds(30000));
-    ASSERT_TRUE(ld.has_value()) << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    ASSERT_TRUE(ld.has_value()) << "rank " << r << " exit "
+                                << ranks.child(r).ExitCode(milliseconds(2000));
     ASSERT_EQ(ld->size(), 4u) << Join(*ld);
     loaded[r] = Join(*ld);
     auto t2 = ranks.Await(r, "trained2", milliseconds(1000));
@@ -763,7 +765,7 @@ TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
   constexpr int64_t kBigFloats = int64_t{16} << 20;  // 64 MiB
   // kStore: an agent serves the TCPStore (as torchrun's does), so that it
   // outlives rank 0.
-  const Launch launch = NewLaunch(/*agent_serves=*/false);
+  const Launch launch = NewLaunch(/*agent_serves=*/true);
   Ranks ranks(launch, [&](RankEnv& me) -> int {
     Trainee t(kInitSeed);
     auto ckpt = me.Open(kWaitTimeout);

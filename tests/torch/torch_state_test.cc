@@ -77,7 +77,7 @@ TEST(TorchStateTest, EveryDtypeRoundTripsBitExactly) {
       {"i8", torch::randint(-128, 127, {11}, torch::kInt8)},
       {"u8", torch::randint(0, 255, {13}, torch::kUInt8)},
       {"bool", torch::randint(0, 2, {10}, torch::kInt64).to(torch::kBool)},
-      {"non_contiguous", torch::randn({6, 4}).t()},             // transposed view
+      {"non_contiguous", torch::randn({6, 4}).t()},                      // transposed view
       {"strided", torch::arange(20, torch::kInt32).slice(0, 1, 20, 3)},  // stepped slice
       {"zero_size", torch::empty({0, 3}, torch::kFloat32)},
       {"scalar", torch::tensor(3.5, torch::kFloat64)},
@@ -87,13 +87,15 @@ TEST(TorchStateTest, EveryDtypeRoundTripsBitExactly) {
   std::vector<torch::Tensor> values;
   for (auto& [n, t] : originals) values.push_back(t);
   State save;
-  for (size_t i = 0; i < originals.size(); ++i) save.items.emplace_back(originals[i].first, values[i]);
+  for (size_t i = 0; i < originals.size(); ++i)
+    save.items.emplace_back(originals[i].first, values[i]);
   auto ckpt = OpenCkpt(dir.Sub("store"));
   CKPTIO_ASSERT_OK(ckpt->Save(1, save));
 
   std::vector<torch::Tensor> loaded(originals.size());
   State load;
-  for (size_t i = 0; i < originals.size(); ++i) load.items.emplace_back(originals[i].first, loaded[i]);
+  for (size_t i = 0; i < originals.size(); ++i)
+    load.items.emplace_back(originals[i].first, loaded[i]);
   auto got = ckpt->Load(load);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->has_value());

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -377,7 +378,25 @@ int CmdGc(const std::string& uri, int keep, double wait_s) {
   return kExitOk;
 }
 
+// `ckptio export ...` runs ckptio-export from the same directory, so that
+// this tool does not load LibTorch for its other commands.
+int RunExport(int argc, char** argv) {
+  std::string self = "/proc/self/exe";
+  char buf[4096];
+  ssize_t n = ::readlink(self.c_str(), buf, sizeof buf - 1);
+  std::string dir = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv[0]);
+  dir = dir.substr(0, dir.rfind('/') + 1);
+  std::string exe = dir + "ckptio-export";
+  std::vector<char*> args{exe.data()};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(exe.c_str(), args.data());
+  std::cerr << "ckptio: cannot run " << exe << ": " << std::strerror(errno) << "\n";
+  return kExitBad;
+}
+
 int Main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "export") return RunExport(argc, argv);
   CLI::App app{
       "ckptio: inspect, verify, repair and trim checkpoint stores.\n"
       "STORE is file:///abs/path or a plain path."};
@@ -413,6 +432,12 @@ int Main(int argc, char** argv) {
   fsck->add_flag("--json", as_json, "machine-readable output");
   fsck->add_option("--wait", wait_s, "seconds to wait for the writer lock with --repair")
       ->check(CLI::NonNegativeNumber);
+
+  // Parsed by ckptio-export; listed here for --help.
+  app.add_subcommand("export",
+                     "Write a step's tensors as a file torch.load() reads: export STORE STEP -o "
+                     "out.pt")
+      ->allow_extras();
 
   auto* gc = app.add_subcommand("gc", "Delete all but the newest N committed steps");
   gc->add_option("STORE", uri, "store URI or path")->required();

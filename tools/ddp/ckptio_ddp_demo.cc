@@ -13,14 +13,14 @@
 // --kill-rank0-during-save=STEP SIGKILLs rank 0 in the middle of writing
 // STEP's checkpoint (when its first object's temp file is open).
 #include <signal.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ckptio/backends.h"
 #include "ckptio/posix_backend.h"
@@ -34,9 +34,7 @@ struct Mlp : torch::nn::Module {
     fc2 = register_module("fc2", torch::nn::Linear(64, 64));
     fc3 = register_module("fc3", torch::nn::Linear(64, 1));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    return fc3(torch::tanh(fc2(torch::tanh(fc1(x)))));
-  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::tanh(fc2(torch::tanh(fc1(x))))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
@@ -72,8 +70,10 @@ int main(int argc, char** argv) {
   int keep = 3;
   double timeout_s = 60;
   app.add_option("--store", store_path, "checkpoint store (path or file:// URI)");
-  app.add_option("--steps", steps, "training steps in all")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--every", every, "checkpoint every K steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--steps", steps, "training steps in all")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--every", every, "checkpoint every K steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--keep", keep, "keep the newest N checkpoints")->check(CLI::Range(0, 1000000));
   app.add_option("--wait", wait, "how ranks learn of a commit: manifest, file-lock or store")
       ->check(CLI::IsMember({"manifest", "file-lock", "store"}));
@@ -92,8 +92,9 @@ int main(int argc, char** argv) {
   const char* master_addr = std::getenv("MASTER_ADDR");
   const char* master_port = std::getenv("MASTER_PORT");
   if (rank.world_size > 1 && (!master_addr || !master_port)) {
-    std::cerr << "ckptio-ddp-demo: set MASTER_ADDR and MASTER_PORT for the rendezvous (ckptio-launch "
-                 "does; with mpirun pass -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29555)\n";
+    std::cerr
+        << "ckptio-ddp-demo: set MASTER_ADDR and MASTER_PORT for the rendezvous (ckptio-launch "
+           "does; with mpirun pass -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29555)\n";
     return 2;
   }
 

@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
       for (auto& a : command) args.push_back(a.data());
       args.push_back(nullptr);
       ::execvp(args[0], args.data());
-      std::cerr << "ckptio-launch: cannot run " << command[0] << ": " << std::strerror(errno) << "\n";
+      std::cerr << "ckptio-launch: cannot run " << command[0] << ": " << std::strerror(errno)
+                << "\n";
       ::_exit(127);
     }
     pids[rank] = pid;
@@ -151,8 +152,9 @@ int main(int argc, char** argv) {
       if (!termed)
         std::cerr << "ckptio-launch: a rank failed " << grace << " s ago; stopping the rest\n";
       termed = true;
-      failed_at = now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(grace)) +
+      failed_at = now -
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(grace)) +
                   std::chrono::seconds(5);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -1,0 +1,143 @@
+// No lock-in: `ckptio export` writes a file that stock PyTorch (Debian's
+// python3-torch) loads with torch.load, and the safetensors objects parse
+// with nothing but Python's json and struct. Every tensor is compared with
+// the original, bit for bit.
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "ckptio/torch.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using testing::TempDir;
+
+std::string Shell(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) {
+    *rc = -1;
+    return out;
+  }
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  *rc = ::pclose(p);
+  return out;
+}
+
+constexpr char kCompare[] = R"PY(
+import json, struct, sys, torch
+store, step, exported, expected = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+got = torch.load(exported)
+want = torch.load(expected)
+def same(a, b):
+    return (a.dtype == b.dtype and a.shape == b.shape and
+            torch.equal(a.contiguous().flatten().view(torch.uint8),
+                        b.contiguous().flatten().view(torch.uint8)))
+n = 0
+for group in ("model", "tensors"):
+    for name, t in want[group].items():
+        assert same(got[group][name], t), (group, name)
+        n += 1
+    assert set(got[group]) == set(want[group]), group
+assert got["metadata"] == {"epoch": "3"}, got["metadata"]
+# An independent safetensors reader: 8-byte length, JSON header, raw bytes.
+dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+          "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+          "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+for group in ("model", "tensors"):
+    raw = open("%s/step-%012d/%s.safetensors" % (store, step, group), "rb").read()
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + hlen])
+    data = raw[8 + hlen:]
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        t = torch.frombuffer(bytearray(data[b:e]) or bytearray(1), dtype=torch.uint8)[:e - b]
+        t = t.view(dtypes[info["dtype"]]).reshape(info["shape"])
+        assert same(t, want[group][name]), ("safetensors", group, name)
+        n += 1
+print("python interop: %d tensor comparisons equal" % n)
+)PY";
+
+TEST(ExportTest, StockPyTorchLoadsTheExportAndEveryTensorMatches) {
+  if (::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "Debian's python3-torch is not installed (tools/setup.sh installs it)";
+  const char* bin = std::getenv("CKPTIO_BIN_DIR");
+  ASSERT_NE(bin, nullptr) << "CKPTIO_BIN_DIR must name the directory of the ckptio binaries";
+  TempDir dir;
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(6, 5), torch::nn::BatchNorm1d(5),
+                              torch::nn::Linear(5, 2));
+  model->forward(torch::randn({4, 6}));  // running stats
+  std::vector<std::pair<std::string, torch::Tensor>> loose = {
+      {"f64", torch::randn({3}, torch::kFloat64)},
+      {"f16", torch::randn({2, 2}).to(torch::kFloat16)},
+      {"bf16", torch::randn({5}).to(torch::kBFloat16)},
+      {"i64", torch::randint(-9, 9, {4}, torch::kInt64)},
+      {"i32", torch::randint(-9, 9, {4}, torch::kInt32)},
+      {"i16", torch::randint(-9, 9, {4}, torch::kInt16)},
+      {"i8", torch::randint(-9, 9, {4}, torch::kInt8)},
+      {"u8", torch::randint(0, 255, {4}, torch::kUInt8)},
+      {"bool", torch::randint(0, 2, {6}).to(torch::kBool)},
+      {"transposed", torch::randn({3, 4}).t()},
+      {"empty", torch::empty({0}, torch::kFloat32)},
+  };
+  std::vector<torch::Tensor> values;
+  for (auto& [n, t] : loose) values.push_back(t);
+  State state{{"model", model}};
+  for (size_t i = 0; i < loose.size(); ++i) state.items.emplace_back(loose[i].first, values[i]);
+  state.SetInt("epoch", 3);
+  auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  CKPTIO_ASSERT_OK((*ckpt)->Save(7, state));
+
+  // The expected values, pickled independently of ckptio.
+  c10::impl::GenericDict want(c10::StringType::get(), c10::AnyType::get());
+  c10::Dict<std::string, at::Tensor> m, t;
+  for (const auto& p : model->named_parameters()) m.insert(p.key(), p.value().detach());
+  for (const auto& b : model->named_buffers()) m.insert(b.key(), b.value());
+  for (const auto& [n, v] : loose) t.insert(n, v.contiguous());
+  want.insert("model", m);
+  want.insert("tensors", t);
+  auto bytes = torch::pickle_save(want);
+  std::ofstream(dir.Sub("expected.pt"), std::ios::binary).write(bytes.data(), bytes.size());
+  std::ofstream(dir.Sub("compare.py")) << kCompare;
+
+  int rc = 0;
+  std::string out = Shell(
+      std::string(bin) + "/ckptio export " + dir.Sub("store") + " 7 -o " + dir.Sub("out.pt"), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("exported step 7"), std::string::npos) << out;
+  out = Shell("/usr/bin/python3 " + dir.Sub("compare.py") + " " + dir.Sub("store") + " 7 " +
+                  dir.Sub("out.pt") + " " + dir.Sub("expected.pt"),
+              &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("tensor comparisons equal"), std::string::npos) << out;
+  std::cout << out;
+}
+
+TEST(ExportTest, ExportOfACorruptStepFailsAndWritesNothing) {
+  const char* bin = std::getenv("CKPTIO_BIN_DIR");
+  ASSERT_NE(bin, nullptr);
+  TempDir dir;
+  torch::Tensor x = torch::randn({1000});
+  State state{{"x", x}};
+  auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
+  ASSERT_TRUE(ckpt.ok());
+  CKPTIO_ASSERT_OK((*ckpt)->Save(1, state));
+  testing::FlipBit(dir.Sub("store/step-000000000001/tensors.safetensors"), 500, 4);
+  int rc = 0;
+  std::string out = Shell(
+      std::string(bin) + "/ckptio export " + dir.Sub("store") + " 1 -o " + dir.Sub("out.pt"), &rc);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("DATA_LOSS"), std::string::npos) << out;
+  EXPECT_NE(::access(dir.Sub("out.pt").c_str(), F_OK), 0) << "no file from a bad step";
+}
+
+}  // namespace
+}  // namespace ckptio
