@@ -83,9 +83,8 @@ Status ErrnoToStatus(int err, std::string_view what) {
       break;
     case EIO:
       code = Code::kUnavailable;
-      advice =
-          "; the device reported an I/O error, the partial write was "
-          "discarded; check the disk or server, then save again";
+      advice = "; the device reported an I/O error: check the disk or server (a failed save "
+               "is discarded, never half-committed)";
       break;
     case EINTR:
     case EAGAIN:
@@ -94,8 +93,8 @@ Status ErrnoToStatus(int err, std::string_view what) {
     case ENOTCONN:
       code = Code::kUnavailable;
       break;
-    case ETIMEDOUT:
-      code = Code::kDeadlineExceeded;
+    case ETIMEDOUT:  // a server's timeout; DeadlineExceeded is for ckptio's own waits
+      code = Code::kUnavailable;
       break;
     case ELOOP:
       code = Code::kFailedPrecondition;
@@ -112,7 +111,6 @@ Status ErrnoToStatus(int err, std::string_view what) {
       break;
     case EINVAL:
     case ENAMETOOLONG:
-    case EBADF:
       code = Code::kInvalidArgument;
       break;
     default:

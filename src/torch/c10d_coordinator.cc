@@ -45,11 +45,8 @@ class C10dCoordinator : public Coordinator {
       store_->wait({SaveKey(step)}, timeout);
       return OkStatus();
     });
-    if (!waited.ok())
-      return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
-                                                 " ms waiting for rank 0 to commit step " +
-                                                 std::to_string(step) +
-                                                 " (wait mode c10d-store): " + waited.message());
+        if (!waited.ok())
+      return WaitError(waited, timeout, "rank 0 to commit step " + std::to_string(step));
     return Outcome(step);
   }
 
@@ -67,14 +64,25 @@ class C10dCoordinator : public Coordinator {
       value = Text(store_->get(DecisionKey(name)));
       return OkStatus();
     });
-    if (!s.ok())
-      return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
-                                                 " ms waiting for rank 0 to publish \"" + name +
-                                                 "\" (wait mode c10d-store): " + s.message());
+    if (!s.ok()) return WaitError(s, timeout, "rank 0 to publish \"" + name + "\"");
     return value;
   }
 
  private:
+  // A timeout is DeadlineExceeded; anything else (the store's server went
+  // away) is Unavailable and says so, instead of claiming a timeout.
+  static Status WaitError(const Status& s, std::chrono::milliseconds timeout,
+                          const std::string& what) {
+    const std::string& m = s.message();
+    if (m.find("imeout") != std::string::npos || m.find("timed out") != std::string::npos)
+      return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
+                                                 " ms waiting for " + what +
+                                                 " (wait mode c10d-store): " + m);
+    return Status(Code::kUnavailable, "lost the c10d store while waiting for " + what +
+                                          " (did rank 0, or the agent serving the store, die?): " +
+                                          m);
+  }
+
   static std::string SaveKey(int64_t step) { return "ckptio/save/" + std::to_string(step); }
   static std::string DecisionKey(const std::string& name) { return "ckptio/decision/" + name; }
 

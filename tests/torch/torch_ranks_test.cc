@@ -903,6 +903,316 @@ TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
       static_cast<long long>(expect_step));
 }
 
+// ---------------------------------------------------------------- c2. random SIGKILLs
+
+// A hash of a tensor's dtype, shape and bytes.
+std::string TensorHash(const torch::Tensor& t) {
+  auto c = t.detach().to(torch::kCPU).contiguous();
+  uint64_t h = 1469598103934665603ull;
+  const int8_t dtype = static_cast<int8_t>(c.scalar_type());
+  h = Fnv(h, &dtype, sizeof dtype);
+  for (int64_t d : c.sizes()) h = Fnv(h, &d, sizeof d);
+  return Hex(Fnv(h, c.data_ptr(), c.nbytes()));
+}
+
+// The "big" tensor of `step`: `floats` values, the same on every rank.
+torch::Tensor BigTensor(int64_t floats, int64_t step) {
+  return torch::arange(floats, torch::kFloat).mul_(1e-3f).add_(static_cast<float>(step));
+}
+
+// Sleeps until CLOCK_MONOTONIC reads `ns`.
+void SleepUntilNs(int64_t ns) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+  ts.tv_nsec = static_cast<long>(ns % 1000000000);
+  while (::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
+// rank 0's save record (<store>/.coord/save, file-lock mode) names `step`
+// as "saving": it had taken the save lock and recorded the step when killed.
+bool SaveRecordSays(const std::string& path, int64_t step, const std::string& state) {
+  const std::string file = path + "/.coord/save";
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0) return false;
+  auto record = ParseRecord(::ckptio::testing::ReadFile(file), "ckptio-save", file);
+  return record.ok() && record->count("step") && record->at("step") == std::to_string(step) &&
+         record->count("state") && record->at("state") == state;
+}
+
+// What the trials of one mode add up to.
+struct KillTally {
+  int trials = 0;
+  int before_commit = 0;  // step 2 not committed
+  int after_commit = 0;
+  int before_record = 0;  // file lock: killed before rank 0 recorded step 2 as saving
+  int64_t min_delay_ms = -1, max_delay_ms = -1;
+  std::map<std::string, int> waiters;  // code name -> count
+};
+
+// One trial: rank 0 is SIGKILLed `delay` after it began Save(2), `delay`
+// drawn from [0, 1.5 x its measured Save(1)]. Checks invariants 5 and 6 from
+// the waiters' reports and from the store on disk, then restarts the job.
+void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int trial,
+                        std::chrono::milliseconds wait_timeout, KillTally* tally) {
+  const WaitMode mode = launch.mode;
+  std::mt19937_64 rng(0x5eed0000ull + 100u * static_cast<unsigned>(mode) +
+                      static_cast<unsigned>(trial));
+  const int64_t big_bytes =
+      std::uniform_int_distribution<int64_t>(int64_t{1} << 20, int64_t{32} << 20)(rng);
+  const int64_t big_floats = big_bytes / 4;
+
+  Ranks ranks(launch, [&](RankEnv& me) -> int {
+    Trainee t(kInitSeed);
+    torch::Tensor big = BigTensor(big_floats, 1);
+    auto ckpt = me.Open(wait_timeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    state.items.emplace_back("big", big);  // refers to the variable: reassigning it is seen
+    t.Train(1);
+    me.Say("ready1");
+    if (me.Hear(milliseconds(20000)) != std::optional<std::string>("go1"))
+      return Fail(me.rank, kExitPipe, "no go1");
+    const int64_t t0 = NowNs();
+    Status s = (*ckpt)->Save(1, state);
+    const int64_t t1 = NowNs();
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, "step 1: " + s.ToString());
+    me.Say("saved1 " + std::to_string(t1 - t0) + " " + t.hash() + " " + TensorHash(big));
+    t.Train(2);
+    big = BigTensor(big_floats, 2);
+    me.Say("trained2 " + t.hash() + " " + TensorHash(big));
+    if (me.rank == 0) {
+      me.Say("ready2");
+      if (me.Hear(milliseconds(20000)) != std::optional<std::string>("go2"))
+        return Fail(0, kExitPipe, "no go2");
+      me.Say("saving2 " + std::to_string(NowNs()));
+      s = (*ckpt)->Save(2, state);
+      me.Say("saved2 " + std::to_string(NowNs()) + " " + OneLine(s.ToString()));
+      for (int i = 0; i < 60; ++i) std::this_thread::sleep_for(milliseconds(1000));
+      return kExitNotKilled;
+    }
+    me.Say("waiting " + std::to_string(NowNs()));
+    s = (*ckpt)->Save(2, state);
+    const int64_t t_ret = NowNs();
+    std::string verified = "-";
+    if (s.ok()) {  // a waiter told OK must find step 2 whole, and its own
+      Status v = CheckStepIsMine(launch.path, 2, *t.model);
+      verified = v.ok() ? "ok" : OneLine(v.ToString());
+    }
+    me.Say(FormatRet(s, t_ret));
+    me.Say("verify2 " + verified);
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+
+  // Step 1, every rank at once.
+  for (int r = 0; r < kWorld; ++r)
+    ASSERT_TRUE(ranks.Await(r, "ready1", milliseconds(20000)).has_value())
+        << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+  for (int r = 0; r < kWorld; ++r) ranks.Tell(r, "go1");
+  std::vector<std::string> saved1(kWorld), trained2(kWorld);
+  int64_t save1_ns = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    auto s1 = ranks.Await(r, "saved1", milliseconds(20000));
+    ASSERT_TRUE(s1.has_value() && s1->size() == 3u)
+        << "rank " << r << ": Save(1) failed, exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    if (r == 0) save1_ns = std::stoll((*s1)[0]);
+    saved1[r] = (*s1)[1] + " " + (*s1)[2];
+    auto t2 = ranks.Await(r, "trained2", milliseconds(20000));
+    ASSERT_TRUE(t2.has_value() && t2->size() == 2u) << "rank " << r;
+    trained2[r] = Join(*t2);
+    EXPECT_EQ(saved1[r], saved1[0]) << "rank " << r << " built another state (setup)";
+    EXPECT_EQ(trained2[r], trained2[0]) << "rank " << r << " built another state (setup)";
+  }
+  if (::testing::Test::HasFailure()) return;
+
+  // Step 2: the waiters are inside Save(2) before rank 0 starts it.
+  ASSERT_TRUE(ranks.Await(0, "ready2", milliseconds(20000)).has_value());
+  std::vector<int64_t> wait_start(kWorld, 0);
+  for (int r = 1; r < kWorld; ++r) {
+    auto w = ranks.Await(r, "waiting", milliseconds(20000));
+    ASSERT_TRUE(w.has_value() && w->size() == 1u) << "rank " << r;
+    wait_start[r] = std::stoll((*w)[0]);
+  }
+  std::this_thread::sleep_for(milliseconds(20));
+  ranks.Tell(0, "go2");
+  auto saving = ranks.Await(0, "saving2", milliseconds(10000));
+  ASSERT_TRUE(saving.has_value() && saving->size() == 1u);
+  const int64_t saving_ns = std::stoll((*saving)[0]);
+  const int64_t max_delay_ns = save1_ns * 3 / 2;
+  const int64_t delay_ns = std::uniform_int_distribution<int64_t>(0, max_delay_ns)(rng);
+  SleepUntilNs(saving_ns + delay_ns);
+  const int64_t kill_ns = NowNs();
+  ASSERT_EQ(::kill(ranks.child(0).pid(), SIGKILL), 0);
+  const int rank0_exit = ranks.child(0).ExitCode(milliseconds(5000));
+  auto saved2 = ranks.AwaitLine(0, "saved2", milliseconds(500));  // only if it got that far
+  EXPECT_EQ(rank0_exit, 128 + SIGKILL) << "rank 0 left by itself";
+  if (saved2) {
+    EXPECT_NE(saved2->find(" OK"), std::string::npos) << "rank 0's Save(2) failed: " << *saved2;
+  }
+
+  // The store on disk: step 1 verifies; step 2 is committed (and verifies) or not.
+  bool committed2 = false;
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(launch.path));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store->ListSteps());
+    bool listed1 = false, listed2 = false;
+    for (const StepEntry& e : steps) {
+      EXPECT_TRUE(e.step == 1 || e.step == 2) << "unexpected step " << e.step;
+      if (e.step == 1) listed1 = e.state == StepState::kCommitted;
+      if (e.step == 2) listed2 = e.state == StepState::kCommitted;
+      EXPECT_TRUE(e.state == StepState::kCommitted || e.state == StepState::kTorn)
+          << "step " << e.step << ": " << e.problem;
+    }
+    EXPECT_TRUE(listed1) << "step 1 is not listed as committed";
+    auto r1 = store->OpenStep(1);
+    EXPECT_TRUE(r1.ok()) << r1.status();
+    if (r1.ok()) {
+      CKPTIO_EXPECT_OK((*r1)->Verify());
+    }
+    auto r2 = store->OpenStep(2);
+    committed2 = r2.ok();
+    EXPECT_EQ(listed2, committed2) << "ListSteps and OpenStep disagree about step 2";
+    if (committed2) {
+      CKPTIO_EXPECT_OK((*r2)->Verify());
+    } else {
+      EXPECT_EQ(r2.status().code(), Code::kNotFound) << r2.status();
+      EXPECT_FALSE(saved2.has_value()) << "rank 0 said step 2 saved, but it is not committed";
+    }
+  }
+  const bool recorded_saving2 = mode == WaitMode::kFileLock && !committed2 &&
+                                SaveRecordSays(launch.path, 2, "saving");
+  const bool before_record = mode == WaitMode::kFileLock && !committed2 && !recorded_saving2;
+
+  std::string outcomes;
+  for (int r = 1; r < kWorld; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto rep = ParseRet(ranks.AwaitLine(r, "ret", wait_timeout + milliseconds(6000)));
+    ASSERT_TRUE(rep.has_value()) << "no report from the waiter, exit "
+                                 << ranks.child(r).ExitCode(milliseconds(2000));
+    auto verified = ranks.Await(r, "verify2", milliseconds(20000));
+    ASSERT_TRUE(verified.has_value());
+    tally->waiters[std::string(CodeName(rep->code))]++;
+    outcomes += std::string(outcomes.empty() ? "" : ",") + std::string(CodeName(rep->code));
+    const int64_t waited_ms = (rep->t_ns - wait_start[r]) / 1000000;
+    const int64_t after_kill_ms = (rep->t_ns - kill_ns) / 1000000;
+    if (rep->code == Code::kOk) {
+      // (1) and (2): OK only for a committed step, which the waiter then verified.
+      EXPECT_TRUE(committed2) << "Save(2) returned OK for a step that never committed";
+      EXPECT_EQ(Join(*verified), "ok") << "told OK, but step 2 did not verify there";
+      continue;
+    }
+    if (committed2) continue;  // a waiter may give up on a committed step (rank 0 died first)
+    if (mode == WaitMode::kFileLock && !before_record) {
+      EXPECT_EQ(rep->code, Code::kAborted) << rep->message;
+      EXPECT_NE(rep->message.find("writer died"), std::string::npos) << rep->message;
+      EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
+      EXPECT_GE(rep->t_ns, kill_ns) << "called the writer dead while it was alive";
+      EXPECT_LT(after_kill_ms, 1000) << "the death should be noticed within 1 s of the kill";
+    } else if (mode == WaitMode::kFileLock) {
+      // Killed before BeginSave recorded step 2: nothing names step 2 as
+      // started, so the waiters cannot tell "died" from "not started yet"
+      // and wait out the deadline (coordination.h; invariant 6).
+      EXPECT_EQ(rep->code, Code::kDeadlineExceeded) << rep->message;
+      EXPECT_GE(waited_ms, wait_timeout.count() - 100) << "gave up before the deadline";
+    } else {
+      EXPECT_TRUE(rep->code == Code::kDeadlineExceeded || rep->code == Code::kUnavailable)
+          << rep->message;
+      EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
+      if (rep->code == Code::kDeadlineExceeded) {
+        EXPECT_GE(waited_ms, wait_timeout.count() - 100) << "gave up before the deadline";
+      }
+    }
+    EXPECT_LT(waited_ms, wait_timeout.count() + 1500) << "ran far past the deadline";
+  }
+  auto codes = ranks.ExitCodes(milliseconds(10000));
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(codes[r], kExitOk) << "rank " << r;
+  if (::testing::Test::HasFailure()) return;
+
+  // (4) The restart: new processes, a new job id; all load the same step.
+  const int64_t expect_step = committed2 ? 2 : 1;
+  Launch relaunch = relaunch_template;
+  relaunch.path = launch.path;
+  Ranks ranks2(relaunch, [&](RankEnv& me) -> int {
+    auto ckpt = me.Open(kTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, "relaunch: " + ckpt.status().ToString());
+    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    torch::Tensor big = torch::zeros({1});
+    State into = fresh.state();
+    into.items.emplace_back("big", big);
+    auto got = (*ckpt)->Load(into);
+    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
+    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(**got, fresh.hash()) + " " + TensorHash(big));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks2.started());
+  const std::string& expect_state = committed2 ? trained2[0] : saved1[0];
+  std::vector<std::string> loaded(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    auto ld = ranks2.Await(r, "loaded", milliseconds(30000));
+    ASSERT_TRUE(ld.has_value()) << "relaunched rank " << r << " exit "
+                                << ranks2.child(r).ExitCode(milliseconds(2000));
+    ASSERT_EQ(ld->size(), 5u) << Join(*ld);
+    loaded[r] = Join(*ld);
+    EXPECT_EQ((*ld)[0], std::to_string(expect_step)) << "relaunched rank " << r;
+    EXPECT_EQ((*ld)[1], "-") << "relaunched rank " << r << " skipped steps";
+    EXPECT_EQ((*ld)[3] + " " + (*ld)[4], expect_state)
+        << "relaunched rank " << r << ": not step " << expect_step << "'s parameters";
+  }
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(loaded[r], loaded[0]) << "relaunched rank " << r;
+  EXPECT_ALL_RANKS_EXIT_OK(ranks2, milliseconds(30000));
+  if (::testing::Test::HasFailure()) return;
+
+  const int64_t delay_ms = delay_ns / 1000000;
+  tally->trials++;
+  (committed2 ? tally->after_commit : tally->before_commit)++;
+  if (before_record) tally->before_record++;
+  if (tally->min_delay_ms < 0 || delay_ms < tally->min_delay_ms) tally->min_delay_ms = delay_ms;
+  tally->max_delay_ms = std::max(tally->max_delay_ms, delay_ms);
+  std::printf(
+      "  trial %d: %.1f MiB, Save(1) %lld ms, killed %lld ms into Save(2) (of <= %lld)%s: step 2 "
+      "%s; waiters %s; restart loaded step %lld\n",
+      trial, static_cast<double>(big_floats * 4) / (1 << 20),
+      static_cast<long long>(save1_ns / 1000000), static_cast<long long>(delay_ms),
+      static_cast<long long>(max_delay_ns / 1000000), saved2 ? " (after it returned)" : "",
+      committed2 ? "committed" : (before_record ? "not committed (killed before its save record)"
+                                                : "not committed"),
+      outcomes.c_str(), static_cast<long long>(expect_step));
+}
+
+// Rank 0 is SIGKILLed at a random point of Save(2) (before, during or after
+// its commit; delays up to 1.5x its measured Save(1)), T times per mode, with
+// a 1-32 MiB tensor in the state. Whatever the timing: no waiter returns OK
+// for a step that is not committed (file lock: "writer died" within 1 s once
+// rank 0 had recorded the save; otherwise the deadline); a waiter told OK
+// finds the step whole; step 1 always verifies; a restart loads the same
+// step (2 if committed, else 1) on every rank.
+TEST_P(TorchRanksTest, RankZeroKilledAtRandomPointsNeverLetsAWaiterPassEarly) {
+  const int trials = mode() == WaitMode::kFileLock ? 10 : 3;
+  constexpr milliseconds kWaitTimeout(2000);
+  KillTally tally;
+  for (int trial = 0; trial < trials; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    Launch launch = NewLaunch(/*agent_serves=*/true);  // kStore: the store outlives rank 0
+    launch.path = tmp_.Sub("store-" + std::to_string(trial));
+    RunRandomKillTrial(launch, NewLaunch(), trial, kWaitTimeout, &tally);
+    if (HasFailure()) return;
+  }
+  std::string waiters;
+  for (const auto& [code, n] : tally.waiters)
+    waiters += (waiters.empty() ? "" : ", ") + std::to_string(n) + " " + code;
+  std::string before_record;
+  if (mode() == WaitMode::kFileLock)
+    before_record = " (" + std::to_string(tally.before_record) + " before rank 0's save record)";
+  std::printf(
+      "random kills (%s): %d trials, %d before commit%s, %d after; kill delays %lld-%lld ms; "
+      "waiters: %s\n",
+      mode_name().c_str(), tally.trials, tally.before_commit, before_record.c_str(),
+      tally.after_commit, static_cast<long long>(tally.min_delay_ms),
+      static_cast<long long>(tally.max_delay_ms), waiters.c_str());
+}
+
 // ---------------------------------------------------------------- d. non-blocking
 
 // The waiting ranks' SaveNonBlocking returns at once; Poll() is false while
