@@ -19,6 +19,9 @@
 //              progress, rank 0 died: they fail at once ("writer died before
 //              committing step N"), not at the deadline. A waiter arriving
 //              before rank 0 took the lock finds no such record and waits.
+//              If rank 0 dies after taking the lock but before its record
+//              is durable (a few ms), waiters cannot tell that from "not
+//              started yet" and end at the deadline instead.
 //   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so

@@ -42,12 +42,18 @@
 #include "ckptio/backends.h"
 #include "ckptio/ckptio.h"
 #include "ckptio/torch.h"
+#include "process.h"
 #include "test_util.h"
 
 namespace ckptio {
 namespace {
 
+using ::ckptio::testing::Child;
+using ::ckptio::testing::NowNs;
+using ::ckptio::testing::Pipe;
+using ::ckptio::testing::ReadLine;
 using ::ckptio::testing::TempDir;
+using ::ckptio::testing::WriteLine;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -59,7 +65,7 @@ constexpr milliseconds kTimeout(15000);  // the Checkpointer's deadline where no
 
 // Child exit codes.
 constexpr int kExitOk = 0;
-constexpr int kExitException = 5;    // an exception left the child's body
+constexpr int kExitException = ::ckptio::testing::kChildException;
 constexpr int kExitSetup = 10;       // TCPStore or Checkpointer did not open
 constexpr int kExitPipe = 11;        // the parent's message did not come or was wrong
 constexpr int kExitSaveFailed = 20;  // Save (or a ticket) failed where it had to succeed
@@ -71,141 +77,6 @@ constexpr int kExitNotKilled = 99;   // a child that should have been killed ran
 
 // ---------------------------------------------------------------- plumbing
 
-int64_t NowNs() {
-  struct timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-class Pipe {
- public:
-  Pipe() {
-    int fds[2];
-    if (::pipe(fds) == 0) {
-      read_ = fds[0];
-      write_ = fds[1];
-    }
-  }
-  ~Pipe() {
-    CloseRead();
-    CloseWrite();
-  }
-  Pipe(const Pipe&) = delete;
-  Pipe& operator=(const Pipe&) = delete;
-  bool ok() const { return read_ >= 0 && write_ >= 0; }
-  int read_fd() const { return read_; }
-  int write_fd() const { return write_; }
-  void CloseRead() {
-    if (read_ >= 0) ::close(read_);
-    read_ = -1;
-  }
-  void CloseWrite() {
-    if (write_ >= 0) ::close(write_);
-    write_ = -1;
-  }
-
- private:
-  int read_ = -1;
-  int write_ = -1;
-};
-
-void WriteLine(int fd, const std::string& line) {
-  std::string s = line + "\n";
-  size_t done = 0;
-  while (done < s.size()) {
-    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
-// One line from fd (without '\n'); nullopt on EOF or timeout.
-std::optional<std::string> ReadLine(int fd, milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  std::string line;
-  while (true) {
-    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return std::nullopt;
-    struct pollfd p = {fd, POLLIN, 0};
-    int r = ::poll(&p, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return std::nullopt;
-    char c;
-    ssize_t n = ::read(fd, &c, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return std::nullopt;
-    if (c == '\n') return line;
-    line.push_back(c);
-  }
-}
-
-// A forked child running `body`; killed and reaped if still there when the
-// handle is destroyed (so a failed assertion never leaves one behind).
-class Child {
- public:
-  template <typename Body>
-  static Child Start(Body body) {
-    std::fflush(nullptr);
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = kExitException;
-      try {
-        code = body();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d: exception: %s\n", static_cast<int>(::getpid()), e.what());
-        code = kExitException;
-      } catch (...) {
-        std::fprintf(stderr, "child %d: exception\n", static_cast<int>(::getpid()));
-        code = kExitException;
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    return Child(pid);
-  }
-  Child(Child&& o) noexcept : pid_(o.pid_), reaped_(o.reaped_), status_(o.status_) { o.pid_ = -1; }
-  Child& operator=(Child&&) = delete;
-  ~Child() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool started() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
-
-  std::optional<int> Wait(milliseconds timeout) {
-    if (reaped_) return status_;
-    const auto deadline = Clock::now() + timeout;
-    while (true) {
-      int status = 0;
-      pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        reaped_ = true;
-        status_ = status;
-        return status;
-      }
-      if (r < 0 && errno != EINTR) return std::nullopt;
-      if (Clock::now() >= deadline) return std::nullopt;
-      std::this_thread::sleep_for(milliseconds(2));
-    }
-  }
-  // Exit code, 128+signal, or -1 on timeout.
-  int ExitCode(milliseconds timeout) {
-    auto s = Wait(timeout);
-    if (!s) return -1;
-    if (WIFEXITED(*s)) return WEXITSTATUS(*s);
-    if (WIFSIGNALED(*s)) return 128 + WTERMSIG(*s);
-    return -1;
-  }
-
- private:
-  explicit Child(pid_t pid) : pid_(pid) {}
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  int status_ = 0;
-};
 
 // Words of a line.
 std::vector<std::string> Split(const std::string& line) {
