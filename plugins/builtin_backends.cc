@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "ckptio/backends.h"
+#include "ckptio/faulty_backend.h"
 #include "ckptio/posix_backend.h"
 
 namespace ckptio {
@@ -10,6 +11,7 @@ const BackendRegistry& BuiltinBackends() {
   static const BackendRegistry* registry = [] {
     auto* r = new BackendRegistry();
     Status s = RegisterPosixBackend(*r);
+    if (s.ok()) s = RegisterFaultyBackends(*r);  // faulty+<every scheme above>
     if (!s.ok()) {  // a programming error: two plugins claim one scheme
       std::cerr << "ckptio: " << s << "\n";
       std::abort();

@@ -17,6 +17,7 @@ PACKAGES=(
   libtorch-dev libgloo-dev               # LibTorch 1.13 with c10d (TCPStore, Gloo)
   python3-torch                          # interop checks: stock torch.load of exports
   openmpi-bin libopenmpi-dev             # the DDP demo also runs under mpirun
+  clang libclang-rt-14-dev               # libFuzzer targets (tools/fuzz.sh)
 )
 
 missing=()
@@ -38,6 +39,8 @@ fi
 
 # ccache persists between runs; these settings let it serve precompiled headers.
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+# Paths relative to the checkout, so a fresh clone elsewhere (CI) hits the cache.
+export CCACHE_BASEDIR=$CKPTIO_ROOT CCACHE_NOHASHDIR=true
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 
 # build_tree DIR [CMAKE_ARGS...]: configure (once) and build a tree.

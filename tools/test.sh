@@ -2,7 +2,9 @@
 # Builds ckptio (installing missing Debian packages) and runs the whole test
 # suite with ctest: first the normal build (./build), then the same tests
 # built with AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan).
-# Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass. Extra arguments go to
+# Then the libFuzzer targets (tools/fuzz.sh) run for a bounded time each.
+# Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass and CKPTIO_FUZZ=0 to
+# skip fuzzing. Extra arguments go to
 # ctest (e.g. -R Manifest). The last line is the summary:
 #   "ctest: N passed, N failed, N skipped"
 set -euo pipefail
@@ -42,6 +44,17 @@ if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   build_tree "$CKPTIO_ROOT/build-asan" -DCKPTIO_SANITIZE=address,undefined
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_suite "$CKPTIO_ROOT/build-asan" "asan+ubsan" "$@"
+fi
+if [ "${CKPTIO_FUZZ:-1}" != 0 ]; then
+  echo "== fuzzing (tools/fuzz.sh, ${CKPTIO_FUZZ_SECONDS:-20} s per target)"
+  set +e
+  "$CKPTIO_ROOT/tools/fuzz.sh" | tee "$log"
+  set -e
+  fp=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$log")
+  ff=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$log")
+  if [ -z "$fp" ]; then fp=0 ff=1; fi
+  passed=$((passed + fp)) failed=$((failed + ff))
+  [ "$ff" = 0 ] || status=1
 fi
 echo "ctest: $passed passed, $failed failed, $skipped skipped"
 exit "$status"

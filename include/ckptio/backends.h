@@ -10,7 +10,8 @@
 
 namespace ckptio {
 
-// A registry holding every built-in backend ("file" today). Each plugin is
+// A registry holding every built-in backend ("file", and "faulty+file" for
+// fault injection). Each plugin is
 // registered by an explicit call here, so none can be dropped by the
 // linker. Built once, on first use; thread-safe.
 const BackendRegistry& BuiltinBackends();
