@@ -284,7 +284,7 @@ class PosixBackend : public StorageBackend {
     if (fd < 0) return ErrnoToStatus(errno, "create " + dir_path + "/" + tmp);
     auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd), dir_path, base,
                                                 tmp, mode);
-    if (options_.hook) {
+    if (CKPTIO_TEST_HOOKS && options_.hook) {
       Status s = options_.hook(PosixSyncPoint::kTempOpened, dir_path + "/" + tmp);
       if (!s.ok()) return s;  // the writer's destructor removes the temp
     }
@@ -564,6 +564,7 @@ class PosixBackend : public StorageBackend {
 };
 
 Status PosixWriter::Hook(PosixSyncPoint point, const std::string& path) const {
+  if (!CKPTIO_TEST_HOOKS) return OkStatus();  // compiled out of release builds
   const auto& hook = backend_->options().hook;
   return hook ? hook(point, path) : OkStatus();
 }
@@ -620,7 +621,12 @@ Status PosixWriter::Commit() {
 
 Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
                                                         PosixBackendOptions options) {
-  if (root.empty()) return Status(Code::kInvalidArgument, "empty store path");
+    if (root.empty())
+    return Status(Code::kInvalidArgument, "empty store path");
+  if (!CKPTIO_TEST_HOOKS && options.hook)
+    return Status(Code::kFailedPrecondition,
+                  "this ckptio was built without test hooks (CKPTIO_TEST_HOOKS=OFF, the default "
+                  "of Release builds): sync-point hooks are unavailable");
   if (root.find('\0') != std::string::npos)
     return Status(Code::kInvalidArgument, "store path contains NUL");
   if (root.front() != '/') {

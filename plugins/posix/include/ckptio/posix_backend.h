@@ -46,7 +46,10 @@ std::string_view PosixSyncPointName(PosixSyncPoint p);
 struct PosixBackendOptions {
   // Called at each sync point with the path of the temp file (points 1-4)
   // or of the target (5-6). A non-OK return fails the commit right there,
-  // as a real error at that point would.
+  // as a real error at that point would; a hook may also kill the process
+  // there (the crash tests do). Test builds only: with CMake option
+  // CKPTIO_TEST_HOOKS=OFF (the default for CMAKE_BUILD_TYPE=Release) the
+  // calls are compiled out and NewPosixBackend refuses a hook.
   std::function<Status(PosixSyncPoint, const std::string& path)> hook;
 };
 
