@@ -2,7 +2,8 @@
 # Builds ckptio (installing missing Debian packages) and runs the whole test
 # suite with ctest: first the normal build (./build), then the same tests
 # built with AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan).
-# Then the libFuzzer targets (tools/fuzz.sh) run for a bounded time each.
+# Then the lock and coordination tests under ThreadSanitizer (./build-tsan),
+# and the libFuzzer targets (tools/fuzz.sh) for a bounded time each.
 # Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass and CKPTIO_FUZZ=0 to
 # skip fuzzing. Extra arguments go to
 # ctest (e.g. -R Manifest). The last line is the summary:
@@ -44,6 +45,15 @@ if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   build_tree "$CKPTIO_ROOT/build-asan" -DCKPTIO_SANITIZE=address,undefined
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_suite "$CKPTIO_ROOT/build-asan" "asan+ubsan" "$@"
+fi
+if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
+  # The lock and coordination tests again, under ThreadSanitizer.
+  tsan=$CKPTIO_ROOT/build-tsan
+  [ -f "$tsan/build.ninja" ] || cmake -S "$CKPTIO_ROOT" -B "$tsan" -G Ninja -DCKPTIO_SANITIZE=thread >/dev/null
+  echo "setup: building the tsan-labelled tests into $tsan"
+  cmake --build "$tsan" --target posix_backend_test store_test writer_lock_test coordination_test \
+    -- -j"$(nproc)"
+  TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (locks, coordination)" -L tsan "$@"
 fi
 if [ "${CKPTIO_FUZZ:-1}" != 0 ]; then
   echo "== fuzzing (tools/fuzz.sh, ${CKPTIO_FUZZ_SECONDS:-20} s per target)"

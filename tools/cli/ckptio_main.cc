@@ -233,6 +233,12 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
   progress.Done();
   bool ok = true;
   json out = json::array();
+  std::string latest_error;  // --all checks LATEST too: it is part of the store
+  if (all) {
+    auto latest = (*store)->ReadLatest();
+    if (!latest.ok()) latest_error = latest.status().ToString();
+    ok = latest_error.empty();
+  }
   for (const auto& v : verdicts) {
     ok = ok && v.errors.empty();
     if (as_json) {
@@ -244,9 +250,12 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
       for (const auto& e : v.errors) std::cout << "  " << e << "\n";
     }
   }
-  if (as_json)
-    std::cout << json{{"store", (*store)->uri()}, {"ok", ok}, {"steps", out}}.dump(2) << "\n";
-  else
+  if (!latest_error.empty() && !as_json) std::cout << "LATEST: BAD\n  " << latest_error << "\n";
+  if (as_json) {
+    json j = {{"store", (*store)->uri()}, {"ok", ok}, {"steps", out}};
+    if (!latest_error.empty()) j["latest_error"] = latest_error;
+    std::cout << j.dump(2) << "\n";
+  } else
     std::cout << (ok ? "all verified steps are good\n"
                      : "corruption found: run `ckptio fsck --repair " + uri +
                            "` to retire bad steps\n");

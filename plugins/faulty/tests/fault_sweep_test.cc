@@ -258,8 +258,8 @@ TEST(FaultSweep, CrashAtEveryOperationOfGcAndRepair) {
         auto steps = (*store)->ListSteps();
         ASSERT_TRUE(steps.ok());
         for (const auto& s : *steps)
-          EXPECT_NE(s.state, StepState::kCorrupt) << "gc left a half-deleted committed step "
-                                                  << s.step << ": " << s.problem;
+          EXPECT_NE(s.state, StepState::kCorrupt)
+              << "gc left a half-deleted committed step " << s.step << ": " << s.problem;
         auto good = VerifiedSteps(**store);
         EXPECT_TRUE(good.count(3)) << "gc must never delete the newest step";
         auto latest = (*store)->OpenLatest();
@@ -267,7 +267,8 @@ TEST(FaultSweep, CrashAtEveryOperationOfGcAndRepair) {
         auto w = (*store)->OpenWriter({});
         auto repaired = (*w)->Repair();
         EXPECT_TRUE(repaired.ok() && repaired->clean());
-        EXPECT_EQ(std::set<int64_t>(repaired->good_steps.begin(), repaired->good_steps.end()), good);
+        EXPECT_EQ(std::set<int64_t>(repaired->good_steps.begin(), repaired->good_steps.end()),
+                  good);
       });
 
   // Repair of a damaged store: the newest step (named by LATEST) corrupt, a
@@ -300,11 +301,12 @@ TEST(FaultSweep, CrashAtEveryOperationOfGcAndRepair) {
         EXPECT_EQ(repaired->latest, 2);
         EXPECT_EQ(repaired->good_steps, (std::vector<int64_t>{1, 2}));
       });
-  std::cout << "gc sweep: crash at each of " << gc_ops
-            << " operations of gc --keep 1: the newest step always verified and LATEST named it; "
-               "repair sweep: crash at each of "
-            << repair_ops
-            << " operations of fsck --repair: both good steps survived, a second repair was clean\n";
+  std::cout
+      << "gc sweep: crash at each of " << gc_ops
+      << " operations of gc --keep 1: the newest step always verified and LATEST named it; "
+         "repair sweep: crash at each of "
+      << repair_ops
+      << " operations of fsck --repair: both good steps survived, a second repair was clean\n";
 }
 
 // Real processes: a child saving step 2 is SIGKILLed at each named sync
@@ -316,8 +318,8 @@ TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
   int kills = 0, old_kept = 0, new_committed = 0;
   for (int point = 0; point <= static_cast<int>(PosixSyncPoint::kDirSynced); ++point) {
     for (const char* target : targets) {
-      const std::string name = std::string(PosixSyncPointName(static_cast<PosixSyncPoint>(point))) +
-                               "-" + target;
+      const std::string name =
+          std::string(PosixSyncPointName(static_cast<PosixSyncPoint>(point))) + "-" + target;
       std::string root = MakeBase(dir, name);
       std::fflush(nullptr);
       pid_t pid = ::fork();
@@ -327,7 +329,8 @@ TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
           // Temp files carry the target's name in theirs (".ckptio-tmp.<name>.").
           bool ours = path.find(std::string("/") + target) != std::string::npos ||
                       path.find(std::string(".ckptio-tmp.") + target + ".") != std::string::npos;
-          if (static_cast<int>(p) == point && ours && path.find("step-000000000001") == std::string::npos)
+          if (static_cast<int>(p) == point && ours &&
+              path.find("step-000000000001") == std::string::npos)
             ::raise(SIGKILL);
           return OkStatus();
         };
@@ -347,8 +350,9 @@ TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
     }
   }
   std::cout << "sigkill: " << kills << " real processes killed at each of 6 sync points x 4 files "
-            << "(object, empty object, manifest, LATEST); " << old_kept << " left the old step newest, "
-            << new_committed << " the new one; every time: verified, fsck --repair clean\n";
+            << "(object, empty object, manifest, LATEST); " << old_kept
+            << " left the old step newest, " << new_committed
+            << " the new one; every time: verified, fsck --repair clean\n";
 }
 
 TEST(FaultSweep, FaultyUrisWorkThroughTheRegistry) {
