@@ -526,7 +526,7 @@ class PosixBackend : public StorageBackend {
   }
 
   Status Walk(int dirfd, const std::string& prefix, std::vector<std::string>* out) const {
-    int dup = ::dup(dirfd);
+    int dup = ::fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
     if (dup < 0) return ErrnoToStatus(errno, "dup");
     DIR* d = ::fdopendir(dup);
     if (!d) {
@@ -540,7 +540,12 @@ class PosixBackend : public StorageBackend {
       std::string name = e->d_name;
       if (name == "." || name == ".." || !ValidateKey(name).ok()) continue;
       struct stat st;
-      if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;  // deleted while we listed
+        int err = errno;
+        ::closedir(d);
+        return ErrnoToStatus(err, "stat " + root_ + "/" + prefix + name);
+      }
       if (S_ISDIR(st.st_mode))
         subdirs.push_back(name);
       else if (S_ISREG(st.st_mode))
@@ -551,7 +556,10 @@ class PosixBackend : public StorageBackend {
     if (err != 0) return ErrnoToStatus(err, "list " + root_ + "/" + prefix);
     for (const auto& sub : subdirs) {
       UniqueFd fd(::openat(dirfd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      if (fd.get() < 0) continue;  // vanished or replaced by a link meanwhile
+      if (fd.get() < 0) {
+        if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) continue;  // gone, or a link
+        return ErrnoToStatus(errno, "open directory " + root_ + "/" + prefix + sub);
+      }
       CKPTIO_RETURN_IF_ERROR(Walk(fd.get(), prefix + sub + "/", out));
     }
     return OkStatus();

@@ -460,15 +460,13 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
   CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(uri));
   State state;
   state.items.push_back(std::move(item));
-  CheckpointerOptions unused;
-  (void)unused;
-  auto latest = store->ReadLatest();
-  if (!latest.ok()) return latest.status();
-  if (!latest->has_value())
-    return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
-  // Newest step that verifies.
+  // The newest step that verifies.
   auto steps = store->ListSteps();
-  if (!steps.ok()) return steps.status();
+  if (!steps.ok()) {
+    if (steps.status().code() == Code::kNotFound)
+      return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
+    return steps.status();
+  }
   Status last = Status(Code::kNotFound, "no committed checkpoint in " + store->uri());
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
     if (it->state != StepState::kCommitted) continue;

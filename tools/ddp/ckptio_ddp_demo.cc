@@ -56,8 +56,14 @@ std::string ParamHash(const torch::nn::Module& m) {
   return h.Digest().Hex();
 }
 
+// One write(2) per line: lines of several ranks sharing a pipe never interleave.
+void Say(int fd, const std::string& line) {
+  std::string s = line + "\n";
+  (void)!::write(fd, s.data(), s.size());
+}
+
 int Fail(const ckptio::RankInfo& rank, const std::string& what, const ckptio::Status& s) {
-  std::cerr << "rank " << rank.rank << ": " << what << ": " << s << "\n";
+  Say(2, "rank " + std::to_string(rank.rank) + ": " + what + ": " + s.ToString());
   return 1;
 }
 
@@ -133,7 +139,7 @@ int main(int argc, char** argv) {
     ckptio::PosixBackendOptions po;
     po.hook = [marker](ckptio::PosixSyncPoint p, const std::string& path) {
       if (p == ckptio::PosixSyncPoint::kTempOpened && path.find(marker) != std::string::npos) {
-        std::cerr << "rank 0: --kill-rank0-during-save: SIGKILL while writing " << path << "\n";
+        Say(2, "rank 0: --kill-rank0-during-save: SIGKILL while writing " + path);
         ::raise(SIGKILL);
       }
       return ckptio::OkStatus();

@@ -59,9 +59,7 @@ int ExitCode(int status) {
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"ckptio-launch: run N local ranks of PROGRAM with the torchrun environment"};
   int n = 1, master_port = 0;
   double grace = 30;
@@ -137,7 +135,7 @@ int main(int argc, char** argv) {
         if (pids[rank] != done) continue;
         pids[rank] = -1;
         --remaining;
-        std::cerr << "ckptio-launch: rank " << rank << " " << Describe(status) << "\n";
+        std::cerr << ("ckptio-launch: rank " + std::to_string(rank) + " " + Describe(status) + "\n");
         if (ExitCode(status) != 0 && first_failure == 0) {
           first_failure = ExitCode(status);
           failed_at = std::chrono::steady_clock::now();
@@ -160,4 +158,15 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return first_failure;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "ckptio-launch: " << e.what() << "\n";
+    return 1;
+  }
 }
