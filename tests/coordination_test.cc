@@ -37,10 +37,10 @@
 namespace ckptio {
 namespace {
 
-using ::ckptio::testing::RandomBytes;
 using ::ckptio::testing::Child;
 using ::ckptio::testing::NowNs;
 using ::ckptio::testing::Pipe;
+using ::ckptio::testing::RandomBytes;
 using ::ckptio::testing::ReadLine;
 using ::ckptio::testing::TempDir;
 using ::ckptio::testing::WriteLine;
@@ -67,7 +67,6 @@ constexpr int kExitException = ::ckptio::testing::kChildException;
 constexpr int kExitNotKilled = 99;  // a child that should have been killed ran out of sleep
 
 // ---------------------------------------------------------------- plumbing
-
 
 // Words of a line.
 std::vector<std::string> Split(const std::string& line) {
@@ -103,22 +102,10 @@ std::optional<WaitReport> ParseWait(const std::optional<std::string>& line) {
   return r;
 }
 
-std::string NewJobId() {
-  std::random_device rd;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "job-%08x%08x", rd(), rd());
-  return buf;
-}
+using ::ckptio::testing::NewJobId;
 
 RankInfo MakeRank(int rank, const std::string& job) {
-  RankInfo r;
-  r.rank = rank;
-  r.local_rank = rank;
-  r.world_size = kWorld;
-  r.local_world_size = kWorld;
-  r.job_id = job;
-  r.source = "explicit";
-  return r;
+  return ::ckptio::testing::TestRank(rank, kWorld, job);
 }
 
 // The bytes of object data.bin of `step`: they name the step.

@@ -267,23 +267,20 @@ class PosixBackend : public StorageBackend {
   const PosixBackendOptions& options() const { return options_; }
 
   Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
-    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::vector<std::string> dirs;
-    std::string base;
-    SplitKey(key, &dirs, &base);
-    if (base.compare(0, kTempMarker.size(), kTempMarker) == 0)
+    CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
+    if (k.base.compare(0, kTempMarker.size(), kTempMarker) == 0)
       return Status(Code::kInvalidArgument,
                     "object key \"" + std::string(key) + "\" uses the reserved temp prefix");
-    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, /*create=*/true));
-    std::string dir_path = DirPath(dirs);
-    std::string tmp = std::string(kTempMarker) + base.substr(0, 100) + "." + host_ + "." +
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, /*create=*/true));
+    std::string dir_path = DirPath(k.dirs);
+    std::string tmp = std::string(kTempMarker) + k.base.substr(0, 100) + "." + host_ + "." +
                       std::to_string(::getpid()) + "." + std::to_string(counter_.fetch_add(1)) +
                       "." + Nonce();
     int fd = ::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
                       0644);
     if (fd < 0) return ErrnoToStatus(errno, "create " + dir_path + "/" + tmp);
-    auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd), dir_path, base,
-                                                tmp, mode);
+    auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd), dir_path,
+                                                k.base, tmp, mode);
     if (CKPTIO_TEST_HOOKS && options_.hook) {
       Status s = options_.hook(PosixSyncPoint::kTempOpened, dir_path + "/" + tmp);
       if (!s.ok()) return s;  // the writer's destructor removes the temp
@@ -292,38 +289,30 @@ class PosixBackend : public StorageBackend {
   }
 
   Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
-    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::vector<std::string> dirs;
-    std::string base;
-    SplitKey(key, &dirs, &base);
-    std::string path = DirPath(dirs) + "/" + base;
-    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, false));
-    int fd = ::openat(dir.get(), base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return ErrnoToStatus(errno, "open " + path);
+    CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, false));
+    int fd = ::openat(dir.get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return ErrnoToStatus(errno, "open " + k.path);
     UniqueFd file(fd);
     struct stat st;
-    if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat " + path);
+    if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat " + k.path);
     if (S_ISDIR(st.st_mode))
-      return Status(Code::kNotFound, path + " is a directory, not an object");
+      return Status(Code::kNotFound, k.path + " is a directory, not an object");
     if (!S_ISREG(st.st_mode))
-      return Status(Code::kFailedPrecondition, path + " is not a regular file");
+      return Status(Code::kFailedPrecondition, k.path + " is not a regular file");
     return std::unique_ptr<ObjectReader>(
-        std::make_unique<PosixReader>(std::move(file), static_cast<uint64_t>(st.st_size), path));
+        std::make_unique<PosixReader>(std::move(file), static_cast<uint64_t>(st.st_size), k.path));
   }
 
   Result<ObjectInfo> Stat(std::string_view key) override {
-    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::vector<std::string> dirs;
-    std::string base;
-    SplitKey(key, &dirs, &base);
-    std::string path = DirPath(dirs) + "/" + base;
-    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, false));
+    CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, false));
     struct stat st;
-    if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
-      return ErrnoToStatus(errno, "stat " + path);
-    if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "stat " + path);
+    if (::fstatat(dir.get(), k.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      return ErrnoToStatus(errno, "stat " + k.path);
+    if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "stat " + k.path);
     if (!S_ISREG(st.st_mode))
-      return Status(Code::kNotFound, path + " is not an object (not a regular file)");
+      return Status(Code::kNotFound, k.path + " is not an object (not a regular file)");
     return ObjectInfo{static_cast<uint64_t>(st.st_size)};
   }
 
@@ -358,92 +347,96 @@ class PosixBackend : public StorageBackend {
   }
 
   Status Delete(std::string_view key) override {
-    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::vector<std::string> dirs;
-    std::string base;
-    SplitKey(key, &dirs, &base);
+    CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
     // Keep every level open, to remove directories that become empty.
-    CKPTIO_ASSIGN_OR_RETURN(std::vector<UniqueFd> chain, OpenDirChain(dirs, false));
-    std::string path = DirPath(dirs) + "/" + base;
-    if (::unlinkat(chain.back().get(), base.c_str(), 0) != 0) {
-      if (errno == EISDIR) return Status(Code::kNotFound, path + " is a directory, not an object");
-      return ErrnoToStatus(errno, "delete " + path);
+    CKPTIO_ASSIGN_OR_RETURN(std::vector<UniqueFd> chain, OpenDirChain(k.dirs, false));
+    if (::unlinkat(chain.back().get(), k.base.c_str(), 0) != 0) {
+      if (errno == EISDIR)
+        return Status(Code::kNotFound, k.path + " is a directory, not an object");
+      return ErrnoToStatus(errno, "delete " + k.path);
     }
-    CKPTIO_RETURN_IF_ERROR(SyncFd(chain.back().get(), DirPath(dirs)));
-    for (size_t i = dirs.size(); i-- > 0;) {
+    CKPTIO_RETURN_IF_ERROR(SyncFd(chain.back().get(), DirPath(k.dirs)));
+    for (size_t i = k.dirs.size(); i-- > 0;) {
       chain.pop_back();
-      if (::unlinkat(chain.back().get(), dirs[i].c_str(), AT_REMOVEDIR) != 0) break;
-      CKPTIO_RETURN_IF_ERROR(SyncFd(chain.back().get(), DirPath({dirs.begin(), dirs.begin() + i})));
+      if (::unlinkat(chain.back().get(), k.dirs[i].c_str(), AT_REMOVEDIR) != 0) break;
+      CKPTIO_RETURN_IF_ERROR(
+          SyncFd(chain.back().get(), DirPath({k.dirs.begin(), k.dirs.begin() + i})));
     }
     return OkStatus();
   }
 
   Result<bool> IsLocked(std::string_view key) override {
-    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::vector<std::string> dirs;
-    std::string base;
-    SplitKey(key, &dirs, &base);
-    std::string path = DirPath(dirs) + "/" + base;
+    CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
     std::lock_guard<std::mutex> g(HeldLocksMutex());
-    auto dir = OpenDir(dirs, false);
+    auto dir = OpenDir(k.dirs, false);
     if (!dir.ok())
       return dir.status().code() == Code::kNotFound ? Result<bool>(false) : dir.status();
     struct stat st;
-    if (::fstatat(dir->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
-      return errno == ENOENT ? Result<bool>(false) : ErrnoToStatus(errno, "stat " + path);
+    if (::fstatat(dir->get(), k.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      return errno == ENOENT ? Result<bool>(false) : ErrnoToStatus(errno, "stat " + k.path);
     if (HeldLocks().count({st.st_dev, st.st_ino})) return true;
     // Safe to open and close: this process holds no lock on the file (and
     // cannot take one meanwhile: the registry mutex is held).
-    UniqueFd fd(::openat(dir->get(), base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (fd.get() < 0) return ErrnoToStatus(errno, "open lock file " + path);
+    UniqueFd fd(::openat(dir->get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (fd.get() < 0) return ErrnoToStatus(errno, "open lock file " + k.path);
     struct flock probe {};
     probe.l_type = F_WRLCK;
     probe.l_whence = SEEK_SET;
-    if (::fcntl(fd.get(), F_GETLK, &probe) != 0) return ErrnoToStatus(errno, "F_GETLK " + path);
+    if (::fcntl(fd.get(), F_GETLK, &probe) != 0) return ErrnoToStatus(errno, "F_GETLK " + k.path);
     return probe.l_type != F_UNLCK;
   }
 
   Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
-    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::vector<std::string> dirs;
-    std::string base;
-    SplitKey(key, &dirs, &base);
-    std::string path = DirPath(dirs) + "/" + base;
+    CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
     std::lock_guard<std::mutex> g(HeldLocksMutex());
-    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirs, true));
+    CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, true));
     // Identify the file with fstatat, which opens nothing: opening and
     // closing it would drop a lock this process already holds.
     struct stat st;
-    if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno != ENOENT) return ErrnoToStatus(errno, "stat lock file " + path);
-      int fd = ::openat(dir.get(), base.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                        0644);
-      if (fd < 0 && errno != EEXIST) return ErrnoToStatus(errno, "create lock file " + path);
+    if (::fstatat(dir.get(), k.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) return ErrnoToStatus(errno, "stat lock file " + k.path);
+      int fd = ::openat(dir.get(), k.base.c_str(),
+                        O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0 && errno != EEXIST) return ErrnoToStatus(errno, "create lock file " + k.path);
       if (fd >= 0) {
         ::close(fd);  // a new file: nobody in this process holds a lock on it
-        CKPTIO_RETURN_IF_ERROR(SyncFd(dir.get(), DirPath(dirs)));
+        CKPTIO_RETURN_IF_ERROR(SyncFd(dir.get(), DirPath(k.dirs)));
       }
-      if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
-        return ErrnoToStatus(errno, "stat lock file " + path);
+      if (::fstatat(dir.get(), k.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return ErrnoToStatus(errno, "stat lock file " + k.path);
     }
-    if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "open lock file " + path);
+    if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "open lock file " + k.path);
     if (!S_ISREG(st.st_mode))
-      return Status(Code::kFailedPrecondition, path + " is not a regular file");
+      return Status(Code::kFailedPrecondition, k.path + " is not a regular file");
     const FileId id{st.st_dev, st.st_ino};
     if (HeldLocks().count(id))
-      return Status(Code::kFailedPrecondition, path + " is already locked by this process");
+      return Status(Code::kFailedPrecondition, k.path + " is already locked by this process");
     try {
-      boost::interprocess::file_lock lock(path.c_str());
+      boost::interprocess::file_lock lock(k.path.c_str());
       bool got = mode == LockMode::kExclusive ? lock.try_lock() : lock.try_lock_sharable();
-      if (!got) return Status(Code::kFailedPrecondition, path + " is locked by another process");
+      if (!got) return Status(Code::kFailedPrecondition, k.path + " is locked by another process");
       HeldLocks().insert(id);
       return std::unique_ptr<BackendLock>(std::make_unique<PosixLock>(id, std::move(lock)));
     } catch (const boost::interprocess::interprocess_exception& e) {
-      return Status(Code::kUnavailable, "lock " + path + ": " + e.what());
+      return Status(Code::kUnavailable, "lock " + k.path + ": " + e.what());
     }
   }
 
  private:
+  // A validated key, split into its directories and base name.
+  struct KeyParts {
+    std::vector<std::string> dirs;
+    std::string base;
+    std::string path;  // absolute, for messages
+  };
+  Result<KeyParts> Parts(std::string_view key) const {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+    KeyParts k;
+    SplitKey(key, &k.dirs, &k.base);
+    k.path = DirPath(k.dirs) + "/" + k.base;
+    return k;
+  }
+
   std::string DirPath(const std::vector<std::string>& dirs) const {
     std::string p = root_;
     for (const auto& d : dirs) p += "/" + d;
@@ -629,8 +622,7 @@ Status PosixWriter::Commit() {
 
 Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
                                                         PosixBackendOptions options) {
-    if (root.empty())
-    return Status(Code::kInvalidArgument, "empty store path");
+  if (root.empty()) return Status(Code::kInvalidArgument, "empty store path");
   if (!CKPTIO_TEST_HOOKS && options.hook)
     return Status(Code::kFailedPrecondition,
                   "this ckptio was built without test hooks (CKPTIO_TEST_HOOKS=OFF, the default "

@@ -22,6 +22,24 @@ TempDir::~TempDir() {
   fs::remove_all(path_, ec);
 }
 
+std::string NewJobId() {
+  std::random_device rd;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "job-%08x%08x", rd(), rd());
+  return buf;
+}
+
+RankInfo TestRank(int rank, int world, const std::string& job) {
+  RankInfo r;
+  r.rank = rank;
+  r.local_rank = rank;
+  r.world_size = world;
+  r.local_world_size = world;
+  r.job_id = job;
+  r.source = "explicit";
+  return r;
+}
+
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::string out(n, '\0');

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckptio/backend.h"
+#include "ckptio/rank.h"
 #include "ckptio/status.h"
 
 namespace ckptio::testing {
@@ -28,6 +29,11 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A job id no other test run uses.
+std::string NewJobId();
+// Rank `rank` of `world` ranks on one node, in job `job`.
+RankInfo TestRank(int rank, int world, const std::string& job);
 
 // `n` pseudo-random bytes, the same for the same seed.
 std::string RandomBytes(size_t n, uint64_t seed);

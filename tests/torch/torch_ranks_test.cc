@@ -77,7 +77,6 @@ constexpr int kExitNotKilled = 99;   // a child that should have been killed ran
 
 // ---------------------------------------------------------------- plumbing
 
-
 // Words of a line.
 std::vector<std::string> Split(const std::string& line) {
   std::istringstream in(line);
@@ -87,22 +86,10 @@ std::vector<std::string> Split(const std::string& line) {
   return out;
 }
 
-std::string NewJobId() {
-  std::random_device rd;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "job-%08x%08x", rd(), rd());
-  return buf;
-}
+using ::ckptio::testing::NewJobId;
 
 RankInfo MakeRank(int rank, const std::string& job) {
-  RankInfo r;
-  r.rank = rank;
-  r.local_rank = rank;
-  r.world_size = kWorld;
-  r.local_world_size = kWorld;
-  r.job_id = job;
-  r.source = "explicit";
-  return r;
+  return ::ckptio::testing::TestRank(rank, kWorld, job);
 }
 
 // A TCP port free right now on 127.0.0.1 (bound to port 0, then released).
@@ -951,8 +938,8 @@ void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int tria
       EXPECT_FALSE(saved2.has_value()) << "rank 0 said step 2 saved, but it is not committed";
     }
   }
-  const bool recorded_saving2 = mode == WaitMode::kFileLock && !committed2 &&
-                                SaveRecordSays(launch.path, 2, "saving");
+  const bool recorded_saving2 =
+      mode == WaitMode::kFileLock && !committed2 && SaveRecordSays(launch.path, 2, "saving");
   const bool before_record = mode == WaitMode::kFileLock && !committed2 && !recorded_saving2;
 
   std::string outcomes;
@@ -1047,8 +1034,9 @@ void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int tria
       trial, static_cast<double>(big_floats * 4) / (1 << 20),
       static_cast<long long>(save1_ns / 1000000), static_cast<long long>(delay_ms),
       static_cast<long long>(max_delay_ns / 1000000), saved2 ? " (after it returned)" : "",
-      committed2 ? "committed" : (before_record ? "not committed (killed before its save record)"
-                                                : "not committed"),
+      committed2
+          ? "committed"
+          : (before_record ? "not committed (killed before its save record)" : "not committed"),
       outcomes.c_str(), static_cast<long long>(expect_step));
 }
 
