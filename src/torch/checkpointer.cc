@@ -385,13 +385,17 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
         if (v.ok()) return {{"step", step}, {"skipped", skipped}};
         if (v.code() != Code::kDataLoss || options.step)
           return {{"code", static_cast<int>(v.code())}, {"message", v.message()}};
-        skipped.push_back({step, v.message()});
+        // The decision travels as one small record: keep it bounded (the
+        // first 50 skipped steps, 300 bytes of reason each).
+        if (skipped.size() < 50) skipped.push_back({step, v.message().substr(0, 300)});
       }
       return {{"code", static_cast<int>(Code::kDataLoss)},
               {"message", "no checkpoint in " + store_->uri() + " verifies; newest problem: " +
                               skipped.front()[1].get<std::string>()}};
     }();
-    if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(name, decision.dump()));
+    if (rank_.world_size > 1)  // `replace`: a reason cut inside a UTF-8 sequence must not throw
+      CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(
+          name, decision.dump(-1, ' ', false, json::error_handler_t::replace)));
   } else {
     CKPTIO_ASSIGN_OR_RETURN(std::string payload, coordinator_->WaitFor(name, options_.timeout));
     decision = json::parse(payload, nullptr, /*allow_exceptions=*/false);
