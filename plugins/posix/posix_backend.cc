@@ -38,6 +38,25 @@ std::string_view PosixSyncPointName(PosixSyncPoint p) {
   return "unknown";
 }
 
+int PosixFs::OpenAt(int dirfd, const char* name, int flags, mode_t mode) {
+  return ::openat(dirfd, name, flags, mode);
+}
+ssize_t PosixFs::Write(int fd, const void* data, size_t size) { return ::write(fd, data, size); }
+int PosixFs::Fsync(int fd) { return ::fsync(fd); }
+int PosixFs::Close(int fd) { return ::close(fd); }
+int PosixFs::MkdirAt(int dirfd, const char* name, mode_t mode) {
+  return ::mkdirat(dirfd, name, mode);
+}
+int PosixFs::RenameAt(int dirfd, const char* from, const char* to) {
+  return ::renameat(dirfd, from, dirfd, to);
+}
+int PosixFs::LinkAt(int dirfd, const char* from, const char* to) {
+  return ::linkat(dirfd, from, dirfd, to, 0);
+}
+int PosixFs::UnlinkAt(int dirfd, const char* name, int flags) {
+  return ::unlinkat(dirfd, name, flags);
+}
+
 namespace {
 
 constexpr size_t kWriteBuffer = 1 << 20;
@@ -66,8 +85,8 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-Status SyncFd(int fd, const std::string& path) {
-  if (::fsync(fd) != 0) return ErrnoToStatus(errno, "fsync " + path);
+Status SyncFd(PosixFs& fs, int fd, const std::string& path) {
+  if (fs.Fsync(fd) != 0) return ErrnoToStatus(errno, "fsync " + path);
   return OkStatus();
 }
 
@@ -183,7 +202,7 @@ class PosixWriter : public ObjectWriter {
 
   Status WriteAll(const char* p, size_t size) {
     while (size > 0) {
-      ssize_t n = ::write(file_.get(), p, size);
+      ssize_t n = fs().Write(file_.get(), p, size);
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoToStatus(errno, "write " + Path(tmp_));
@@ -195,6 +214,7 @@ class PosixWriter : public ObjectWriter {
   }
 
   Status Hook(PosixSyncPoint point, const std::string& path) const;
+  PosixFs& fs() const;
 
   void Fail() {
     dead_ = true;
@@ -204,7 +224,7 @@ class PosixWriter : public ObjectWriter {
   // Removes the temp file (never the target). Never throws.
   void Discard() {
     file_.Reset();
-    if (!tmp_.empty()) ::unlinkat(dir_.get(), tmp_.c_str(), 0);
+    if (!tmp_.empty()) fs().UnlinkAt(dir_.get(), tmp_.c_str(), 0);
     tmp_.clear();
   }
 
@@ -259,12 +279,15 @@ class PosixReader : public ObjectReader {
 class PosixBackend : public StorageBackend {
  public:
   PosixBackend(std::string root, PosixBackendOptions options)
-      : root_(std::move(root)), options_(std::move(options)), host_(HostName()) {}
+      : root_(std::move(root)), options_(std::move(options)), host_(HostName()) {
+    if (!options_.fs) options_.fs = std::make_shared<PosixFs>();
+  }
 
   ~PosixBackend() override = default;
 
   std::string Uri() const override { return "file://" + root_; }
   const PosixBackendOptions& options() const { return options_; }
+  PosixFs& fs() const { return *options_.fs; }
 
   Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
     CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
@@ -276,8 +299,8 @@ class PosixBackend : public StorageBackend {
     std::string tmp = std::string(kTempMarker) + k.base.substr(0, 100) + "." + host_ + "." +
                       std::to_string(::getpid()) + "." + std::to_string(counter_.fetch_add(1)) +
                       "." + Nonce();
-    int fd = ::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                      0644);
+    int fd = fs().OpenAt(dir.get(), tmp.c_str(),
+                         O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return ErrnoToStatus(errno, "create " + dir_path + "/" + tmp);
     auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd), dir_path,
                                                 k.base, tmp, mode);
@@ -291,7 +314,7 @@ class PosixBackend : public StorageBackend {
   Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
     CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
     CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, false));
-    int fd = ::openat(dir.get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = fs().OpenAt(dir.get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (fd < 0) return ErrnoToStatus(errno, "open " + k.path);
     UniqueFd file(fd);
     struct stat st;
@@ -350,17 +373,17 @@ class PosixBackend : public StorageBackend {
     CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
     // Keep every level open, to remove directories that become empty.
     CKPTIO_ASSIGN_OR_RETURN(std::vector<UniqueFd> chain, OpenDirChain(k.dirs, false));
-    if (::unlinkat(chain.back().get(), k.base.c_str(), 0) != 0) {
+    if (fs().UnlinkAt(chain.back().get(), k.base.c_str(), 0) != 0) {
       if (errno == EISDIR)
         return Status(Code::kNotFound, k.path + " is a directory, not an object");
       return ErrnoToStatus(errno, "delete " + k.path);
     }
-    CKPTIO_RETURN_IF_ERROR(SyncFd(chain.back().get(), DirPath(k.dirs)));
+    CKPTIO_RETURN_IF_ERROR(SyncFd(fs(), chain.back().get(), DirPath(k.dirs)));
     for (size_t i = k.dirs.size(); i-- > 0;) {
       chain.pop_back();
-      if (::unlinkat(chain.back().get(), k.dirs[i].c_str(), AT_REMOVEDIR) != 0) break;
+      if (fs().UnlinkAt(chain.back().get(), k.dirs[i].c_str(), AT_REMOVEDIR) != 0) break;
       CKPTIO_RETURN_IF_ERROR(
-          SyncFd(chain.back().get(), DirPath({k.dirs.begin(), k.dirs.begin() + i})));
+          SyncFd(fs(), chain.back().get(), DirPath({k.dirs.begin(), k.dirs.begin() + i})));
     }
     return OkStatus();
   }
@@ -377,7 +400,7 @@ class PosixBackend : public StorageBackend {
     if (HeldLocks().count({st.st_dev, st.st_ino})) return true;
     // Safe to open and close: this process holds no lock on the file (and
     // cannot take one meanwhile: the registry mutex is held).
-    UniqueFd fd(::openat(dir->get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    UniqueFd fd(fs().OpenAt(dir->get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0));
     if (fd.get() < 0) return ErrnoToStatus(errno, "open lock file " + k.path);
     struct flock probe {};
     probe.l_type = F_WRLCK;
@@ -395,12 +418,12 @@ class PosixBackend : public StorageBackend {
     struct stat st;
     if (::fstatat(dir.get(), k.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT) return ErrnoToStatus(errno, "stat lock file " + k.path);
-      int fd = ::openat(dir.get(), k.base.c_str(),
-                        O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+      int fd = fs().OpenAt(dir.get(), k.base.c_str(),
+                           O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
       if (fd < 0 && errno != EEXIST) return ErrnoToStatus(errno, "create lock file " + k.path);
       if (fd >= 0) {
         ::close(fd);  // a new file: nobody in this process holds a lock on it
-        CKPTIO_RETURN_IF_ERROR(SyncFd(dir.get(), DirPath(k.dirs)));
+        CKPTIO_RETURN_IF_ERROR(SyncFd(fs(), dir.get(), DirPath(k.dirs)));
       }
       if (::fstatat(dir.get(), k.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
         return ErrnoToStatus(errno, "stat lock file " + k.path);
@@ -452,7 +475,7 @@ class PosixBackend : public StorageBackend {
 
   // Opens (creating it, and each missing parent, when `create`) the root.
   Result<UniqueFd> RootFd(bool create) const {
-    int fd = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = fs().OpenAt(AT_FDCWD, root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd >= 0) return UniqueFd(fd);
     if (errno != ENOENT || !create) {
       if (errno == ENOENT) return Status(Code::kNotFound, "no store at " + root_);
@@ -463,17 +486,17 @@ class PosixBackend : public StorageBackend {
     while (pos != std::string::npos) {
       pos = root_.find('/', pos + 1);
       std::string part = root_.substr(0, pos);
-      if (::mkdir(part.c_str(), 0755) == 0) {
+      if (fs().MkdirAt(AT_FDCWD, part.c_str(), 0755) == 0) {
         std::string parent = part.substr(0, part.rfind('/'));
-        UniqueFd pfd(
-            ::open(parent.empty() ? "/" : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        UniqueFd pfd(fs().OpenAt(AT_FDCWD, parent.empty() ? "/" : parent.c_str(),
+                                 O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
         if (pfd.get() < 0) return ErrnoToStatus(errno, "open " + parent);
-        CKPTIO_RETURN_IF_ERROR(SyncFd(pfd.get(), parent));
+        CKPTIO_RETURN_IF_ERROR(SyncFd(fs(), pfd.get(), parent));
       } else if (errno != EEXIST) {
         return ErrnoToStatus(errno, "create store directory " + part);
       }
     }
-    fd = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    fd = fs().OpenAt(AT_FDCWD, root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0) return ErrnoToStatus(errno, "open store directory " + root_);
     return UniqueFd(fd);
   }
@@ -493,13 +516,13 @@ class PosixBackend : public StorageBackend {
     for (size_t i = 0; i < dirs.size(); ++i) {
       const UniqueFd& cur = chain.back();
       const char* name = dirs[i].c_str();
-      int fd = ::openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      int fd = fs().OpenAt(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
       if (fd < 0 && errno == ENOENT && create) {
-        if (::mkdirat(cur.get(), name, 0755) != 0 && errno != EEXIST)
+        if (fs().MkdirAt(cur.get(), name, 0755) != 0 && errno != EEXIST)
           return ErrnoToStatus(errno,
                                "create directory " + DirPath({dirs.begin(), dirs.begin() + i + 1}));
-        CKPTIO_RETURN_IF_ERROR(SyncFd(cur.get(), DirPath({dirs.begin(), dirs.begin() + i})));
-        fd = ::openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        CKPTIO_RETURN_IF_ERROR(SyncFd(fs(), cur.get(), DirPath({dirs.begin(), dirs.begin() + i})));
+        fd = fs().OpenAt(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
       }
       if (fd < 0) {
         int err = errno;
@@ -548,7 +571,8 @@ class PosixBackend : public StorageBackend {
     ::closedir(d);
     if (err != 0) return ErrnoToStatus(err, "list " + root_ + "/" + prefix);
     for (const auto& sub : subdirs) {
-      UniqueFd fd(::openat(dirfd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      UniqueFd fd(
+          fs().OpenAt(dirfd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0));
       if (fd.get() < 0) {
         if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) continue;  // gone, or a link
         return ErrnoToStatus(errno, "open directory " + root_ + "/" + prefix + sub);
@@ -563,6 +587,8 @@ class PosixBackend : public StorageBackend {
   std::string host_;
   mutable std::atomic<uint64_t> counter_{0};
 };
+
+PosixFs& PosixWriter::fs() const { return backend_->fs(); }
 
 Status PosixWriter::Hook(PosixSyncPoint point, const std::string& path) const {
   if (!CKPTIO_TEST_HOOKS) return OkStatus();  // compiled out of release builds
@@ -581,36 +607,36 @@ Status PosixWriter::Commit() {
   };
   Status s = Flush();
   if (s.ok()) s = Hook(PosixSyncPoint::kDataWritten, tmp_path);
-  if (s.ok()) s = SyncFd(file_.get(), tmp_path);
+  if (s.ok()) s = SyncFd(fs(), file_.get(), tmp_path);
   if (s.ok()) s = Hook(PosixSyncPoint::kFileSynced, tmp_path);
   if (!s.ok()) return fail(s);
-  if (::close(file_.Release()) != 0) return fail(ErrnoToStatus(errno, "close " + tmp_path));
+  if (fs().Close(file_.Release()) != 0) return fail(ErrnoToStatus(errno, "close " + tmp_path));
   s = Hook(PosixSyncPoint::kFileClosed, tmp_path);
   if (!s.ok()) return fail(s);
   if (mode_ == WriteMode::kReplace) {
-    if (::renameat(dir_.get(), tmp_.c_str(), dir_.get(), name_.c_str()) != 0)
+    if (fs().RenameAt(dir_.get(), tmp_.c_str(), name_.c_str()) != 0)
       return fail(ErrnoToStatus(errno, "rename " + tmp_path + " to " + target));
     tmp_.clear();
   } else {
-    if (::linkat(dir_.get(), tmp_.c_str(), dir_.get(), name_.c_str(), 0) != 0) {
+    if (fs().LinkAt(dir_.get(), tmp_.c_str(), name_.c_str()) != 0) {
       int err = errno;
       if (err == EEXIST)
         return fail(
             Status(Code::kAlreadyExists, target + " already exists and is never overwritten"));
       return fail(ErrnoToStatus(err, "link " + tmp_path + " to " + target));
     }
-    ::unlinkat(dir_.get(), tmp_.c_str(), 0);  // a leftover is removed as stale
+    fs().UnlinkAt(dir_.get(), tmp_.c_str(), 0);  // a leftover is removed as stale
     tmp_.clear();
   }
   s = Hook(PosixSyncPoint::kRenamed, target);
-  if (s.ok()) s = SyncFd(dir_.get(), dir_path_);
+  if (s.ok()) s = SyncFd(fs(), dir_.get(), dir_path_);
   if (s.ok()) s = Hook(PosixSyncPoint::kDirSynced, target);
   if (!s.ok()) {
     // Visible but not known durable. A new exclusive name is taken back; a
     // replaced one cannot be, and the caller learns that from the error.
     if (mode_ == WriteMode::kCreateExclusive) {
-      ::unlinkat(dir_.get(), name_.c_str(), 0);
-      ::fsync(dir_.get());
+      fs().UnlinkAt(dir_.get(), name_.c_str(), 0);
+      fs().Fsync(dir_.get());
     }
     return s;
   }

@@ -11,6 +11,10 @@
 //
 // URI form: faulty+<inner-uri>?fail_at=K&errno=ENOSPC or ?crash_at=K or
 // ?fail_rate=0.01&seed=7, e.g. faulty+file:///tmp/store?crash_at=12.
+//
+// Power loss (unsynced bytes and directory entries lost) needs to see below
+// the object interface: see PowerLossFs in ckptio/power_loss_fs.h, which
+// plugs into the POSIX backend's system-call layer.
 #ifndef CKPTIO_FAULTY_BACKEND_H_
 #define CKPTIO_FAULTY_BACKEND_H_
 

@@ -22,6 +22,8 @@
 #ifndef CKPTIO_POSIX_BACKEND_H_
 #define CKPTIO_POSIX_BACKEND_H_
 
+#include <sys/types.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -43,6 +45,23 @@ enum class PosixSyncPoint {
 };
 std::string_view PosixSyncPointName(PosixSyncPoint p);
 
+// The system calls through which the backend opens, writes, syncs, renames
+// and removes (everything but reads, stats and locks), so that tests can model what a power cut
+// keeps: see plugins/faulty's PowerLossFs. Each returns like the call it names (-1 with errno set
+// on failure). The default forwards to the kernel.
+class PosixFs {
+ public:
+  virtual ~PosixFs() = default;
+  virtual int OpenAt(int dirfd, const char* name, int flags, mode_t mode);
+  virtual ssize_t Write(int fd, const void* data, size_t size);
+  virtual int Fsync(int fd);
+  virtual int Close(int fd);  // the checked close of a written file
+  virtual int MkdirAt(int dirfd, const char* name, mode_t mode);
+  virtual int RenameAt(int dirfd, const char* from, const char* to);
+  virtual int LinkAt(int dirfd, const char* from, const char* to);
+  virtual int UnlinkAt(int dirfd, const char* name, int flags);
+};
+
 struct PosixBackendOptions {
   // Called at each sync point with the path of the temp file (points 1-4)
   // or of the target (5-6). A non-OK return fails the commit right there,
@@ -51,6 +70,8 @@ struct PosixBackendOptions {
   // CKPTIO_TEST_HOOKS=OFF (the default for CMAKE_BUILD_TYPE=Release) the
   // calls are compiled out and NewPosixBackend refuses a hook.
   std::function<Status(PosixSyncPoint, const std::string& path)> hook;
+  // The system-call layer; null means the kernel's.
+  std::shared_ptr<PosixFs> fs;
 };
 
 // A backend rooted at `root` (absolute, or relative to the current
