@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckptio/backend.h"
+#include "strict_json.h"
 #include "text.h"
 
 namespace ckptio {
@@ -32,29 +33,6 @@ std::string Seal(json obj) {
   std::string body = obj.dump(-1, ' ', false, kReplace);
   obj[std::string(kChecksumKey)] = HashBytes(body).Hex();
   return obj.dump(1, ' ', false, kReplace) + "\n";
-}
-
-// The deepest nesting of arrays and objects in `text`, outside strings.
-int JsonDepth(std::string_view text) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
 }
 
 // Reads members of one JSON object, remembering which were consumed so that
@@ -134,8 +112,8 @@ class Fields {
   std::set<std::string> seen_;
 };
 
-// Parses `bytes` as one JSON object, rejecting duplicate keys (nlohmann would
-// silently keep the last), then checks and strips the self-checksum.
+// Parses `bytes` as one JSON object, strictly, then checks and strips the
+// self-checksum.
 Result<json> ParseSealed(std::string_view bytes, std::string_view where, size_t max_bytes) {
   auto error = [&](const std::string& what) {
     return Status(Code::kDataLoss, std::string(where) + ": " + what);
@@ -144,31 +122,7 @@ Result<json> ParseSealed(std::string_view bytes, std::string_view where, size_t 
     return error("is " + std::to_string(bytes.size()) + " bytes, over the " +
                  std::to_string(max_bytes) + "-byte limit");
   if (bytes.empty()) return error("is empty (torn write?)");
-  if (bytes.find('\0') != std::string_view::npos)
-    return error("contains a NUL byte at offset " + std::to_string(bytes.find('\0')) +
-                 " (torn or corrupt)");
-  if (JsonDepth(bytes) > kMaxJsonDepth)
-    return error("nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  std::vector<std::set<std::string>> keys;
-  std::string duplicate;
-  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      keys.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      if (!keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  json obj;
-  try {
-    obj = json::parse(bytes.begin(), bytes.end(), callback);
-  } catch (const json::exception& e) {
-    return error(std::string("is not valid JSON (torn or corrupt): ") + e.what());
-  }
-  if (!duplicate.empty()) return error("member \"" + Printable(duplicate) + "\" appears twice");
+  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseStrictJson(bytes, kMaxJsonDepth, where));
   if (!obj.is_object()) return error("expected a JSON object");
   auto it = obj.find(std::string(kChecksumKey));
   if (it == obj.end() || !it->is_string())

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "ckptio/safetensors.h"
 #include "object_io.h"
 #include "text.h"
 
@@ -263,13 +264,22 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
     whole.Update(buf.data(), len);
     if (progress) progress(len);
   }
-  open_.erase(e->name);  // verifying a whole store must not pile up descriptors
-  if (whole.Digest() != e->hash)
+  if (whole.Digest() != e->hash) {
+    open_.erase(e->name);
     return Status(Code::kDataLoss, "whole-object checksum mismatch in store " + backend_->Uri() +
                                        ", step " + std::to_string(step()) + ", object " + e->name +
                                        ": expected xxh3-128 " + e->hash.Hex() + ", computed " +
                                        whole.Digest().Hex());
-  return OkStatus();
+  }
+  // A tensor file's own header must agree with the manifest's entries.
+  Status header = OkStatus();
+  for (const TensorEntry& t : manifest_.tensors) {
+    if (t.object != e->name) continue;
+    header = CheckSafetensorsObject(*this, e->name).WithContext("store " + backend_->Uri());
+    break;
+  }
+  open_.erase(e->name);  // verifying a whole store must not pile up descriptors
+  return header;
 }
 
 Status CheckpointReader::Verify(const ProgressFn& progress) {

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz with clang (ASan + UBSan +
 # libFuzzer) into ./build-fuzz and runs each for CKPTIO_FUZZ_SECONDS
-# (default 20) from the seed corpus in tests/fuzz/corpus. Fails on any
+# (default 15) from the seed corpus in tests/fuzz/corpus. Fails on any
 # crash, leak, timeout or out-of-memory. Usage: tools/fuzz.sh [TARGET...]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=$root/build-fuzz
-seconds=${CKPTIO_FUZZ_SECONDS:-20}
+seconds=${CKPTIO_FUZZ_SECONDS:-15}
 mkdir -p "$out"
 cxx="clang++"
 command -v ccache >/dev/null && cxx="ccache clang++"
 flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -I"$root/include" -I"$root/src")
-core=(backend hash manifest status text)
+core=(backend hash manifest object_io safetensors status store strict_json text)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(manifest records names)
+[ ${#targets[@]} -gt 0 ] || targets=(manifest records names safetensors)
 
 # Objects of the core sources the targets need, rebuilt only when changed.
 objs=()

@@ -56,7 +56,7 @@ if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (locks, coordination)" -L tsan "$@"
 fi
 if [ "${CKPTIO_FUZZ:-1}" != 0 ]; then
-  echo "== fuzzing (tools/fuzz.sh, ${CKPTIO_FUZZ_SECONDS:-20} s per target)"
+  echo "== fuzzing (tools/fuzz.sh, ${CKPTIO_FUZZ_SECONDS:-15} s per target)"
   set +e
   "$CKPTIO_ROOT/tools/fuzz.sh" | tee "$log"
   set -e

@@ -6,6 +6,7 @@
 #include "ckptio/backends.h"
 #include "ckptio/hash.h"
 #include "ckptio/manifest.h"
+#include "ckptio/safetensors.h"
 #include "ckptio/status.h"
 #include "ckptio/store.h"
 

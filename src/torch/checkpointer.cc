@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/backends.h"
+#include "ckptio/safetensors.h"
 #include "ckptio/torch.h"
 
 namespace ckptio {
@@ -109,6 +110,7 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 Status StageTensors(CheckpointReader& reader, const std::string& object, const std::string& what,
                     const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
                     const MapLocation& map, const RankInfo& rank, std::vector<torch::Tensor>* out) {
+  CKPTIO_RETURN_IF_ERROR(CheckSafetensorsObject(reader, object));
   std::map<std::string, const TensorEntry*> saved;
   for (const auto& t : reader.manifest().tensors)
     if (t.object == object) saved[t.name] = &t;
@@ -189,6 +191,7 @@ Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& 
   if (!loose_wanted.empty()) {
     // Loose tensors take the saved shape and dtype, whatever the target
     // held before (like torch::load of a tensor).
+    CKPTIO_RETURN_IF_ERROR(CheckSafetensorsObject(reader, kTensorsObject));
     std::map<std::string, const TensorEntry*> saved;
     for (const auto& t : reader.manifest().tensors)
       if (t.object == kTensorsObject) saved[t.name] = &t;

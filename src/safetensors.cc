@@ -1,0 +1,181 @@
+#include "ckptio/safetensors.h"
+
+#include <algorithm>
+
+#include "ckptio/store.h"
+#include "strict_json.h"
+#include "text.h"
+
+namespace ckptio {
+namespace {
+
+using json = nlohmann::json;
+
+// Every dtype of the safetensors format, with its element size.
+size_t AnyDtypeSize(std::string_view dtype) {
+  static const std::pair<std::string_view, size_t> kSizes[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+  for (const auto& [name, size] : kSizes)
+    if (name == dtype) return size;
+  return 0;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Result<uint64_t> SafetensorsHeaderSize(std::string_view first8, uint64_t file_size,
+                                       std::string_view where) {
+  auto error = [&](const std::string& what) {
+    return Status(Code::kDataLoss, std::string(where) + ": " + what);
+  };
+  if (first8.size() < 8 || file_size < 8)
+    return error("is " + std::to_string(file_size) +
+                 " bytes, too short for a safetensors header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(first8[i]);
+  if (n > kMaxSafetensorsHeader)
+    return error("header length " + std::to_string(n) + " is over the format's limit of " +
+                 std::to_string(kMaxSafetensorsHeader) + " bytes");
+  if (n > file_size - 8)
+    return error("header length " + std::to_string(n) + " runs past the end of the " +
+                 std::to_string(file_size) + "-byte file (truncated?)");
+  return 8 + n;
+}
+
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t file_size,
+                                                 std::string_view where) {
+  auto error = [&](const std::string& what) {
+    return Status(Code::kDataLoss, std::string(where) + ": " + what);
+  };
+  CKPTIO_ASSIGN_OR_RETURN(uint64_t header_size, SafetensorsHeaderSize(file, file_size, where));
+  if (file.size() < header_size)
+    return Status(Code::kInvalidArgument, std::string(where) + ": " + std::to_string(header_size) +
+                                              " header bytes needed, " +
+                                              std::to_string(file.size()) + " given");
+  std::string_view text = file.substr(8, header_size - 8);
+  if (text.empty() || text.front() != '{') return error("header does not start with '{'");
+  CKPTIO_ASSIGN_OR_RETURN(json root, ParseStrictJson(text, 3, std::string(where) + " header"));
+  if (!root.is_object()) return error("header is not a JSON object");
+  if (root.size() > kMaxTensors + 1)
+    return error("header lists more than " + std::to_string(kMaxTensors) + " tensors");
+
+  SafetensorsHeader h;
+  h.data_start = header_size;
+  const uint64_t data_size = file_size - header_size;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // relative [begin, end), per tensor
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    const std::string at = "tensor \"" + Printable(name) + "\"";
+    if (name == "__metadata__") {
+      if (!v.is_object()) return error("__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          return error("__metadata__ \"" + Printable(m.key()) + "\" is not a string");
+        h.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!v.is_object()) return error(at + " is not an object");
+    for (auto m = v.begin(); m != v.end(); ++m)
+      if (m.key() != "dtype" && m.key() != "shape" && m.key() != "data_offsets")
+        return error(at + " has unknown member \"" + Printable(m.key()) + "\"");
+    auto dtype = v.find("dtype");
+    auto shape = v.find("shape");
+    auto offsets = v.find("data_offsets");
+    if (dtype == v.end() || !dtype->is_string()) return error(at + ": dtype missing");
+    if (shape == v.end() || !shape->is_array()) return error(at + ": shape missing");
+    if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
+        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
+      return error(at + ": data_offsets must be two non-negative integers");
+    TensorEntry e;
+    e.name = name;
+    e.object = std::string(where);
+    e.dtype = dtype->get<std::string>();
+    const size_t elem = AnyDtypeSize(e.dtype);
+    if (elem == 0) return error(at + ": unknown dtype \"" + Printable(e.dtype) + "\"");
+    if (shape->size() > kMaxTensorRank)
+      return error(at + ": shape has more than " + std::to_string(kMaxTensorRank) + " sizes");
+    uint64_t count = 1;
+    for (const json& d : *shape) {
+      if (!d.is_number_unsigned()) return error(at + ": shape sizes must be non-negative integers");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > data_size && count != 0) return error(at + ": shape is larger than the file");
+      count = dim == 0 || count == 0 ? 0 : count * dim;
+      if (count > data_size) return error(at + ": shape is larger than the file");
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      return error(at + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                   "] are outside the " + std::to_string(data_size) + "-byte data section");
+    if (end - begin != count * elem)
+      return error(at + ": data_offsets span " + std::to_string(end - begin) + " bytes but " +
+                   e.dtype + " " + ShapeText(e.shape) + " needs " + std::to_string(count * elem));
+    e.offset = header_size + begin;
+    e.length = end - begin;
+    h.tensors.push_back(std::move(e));
+  }
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return std::tie(a.offset, a.length, a.name) < std::tie(b.offset, b.length, b.name);
+  });
+  uint64_t pos = header_size;
+  for (const TensorEntry& e : h.tensors) {
+    if (e.offset != pos)
+      return error("tensor \"" + Printable(e.name) + "\" starts at data offset " +
+                   std::to_string(e.offset - header_size) + ", expected " +
+                   std::to_string(pos - header_size) +
+                   (e.offset < pos ? " (tensors overlap)" : " (a hole in the data section)"));
+    pos += e.length;
+  }
+  if (pos != file_size)
+    return error("the data section has " + std::to_string(file_size - pos) +
+                 " bytes no tensor indexes");
+  return h;
+}
+
+Status CheckSafetensorsObject(CheckpointReader& reader, const std::string& object) {
+  const std::string where = "step " + std::to_string(reader.step()) + ", object " + object;
+  const ObjectEntry* entry = reader.manifest().Find(object);
+  if (!entry) return Status(Code::kNotFound, where + ": no such object");
+  char first8[8];
+  if (entry->size < 8) return Status(Code::kDataLoss, where + ": too short for a safetensors file");
+  CKPTIO_RETURN_IF_ERROR(reader.Read(object, 0, first8, 8));
+  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, SafetensorsHeaderSize({first8, 8}, entry->size, where));
+  std::string head(size, '\0');
+  CKPTIO_RETURN_IF_ERROR(reader.Read(object, 0, head.data(), size));
+  CKPTIO_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(head, entry->size, where));
+  std::map<std::string, const TensorEntry*> in_header;
+  for (const TensorEntry& t : h.tensors) in_header[t.name] = &t;
+  size_t listed = 0;
+  for (const TensorEntry& m : reader.manifest().tensors) {
+    if (m.object != object) continue;
+    ++listed;
+    auto it = in_header.find(m.name);
+    if (it == in_header.end())
+      return Status(Code::kDataLoss, where + ": the manifest lists tensor \"" + Printable(m.name) +
+                                         "\" but the safetensors header does not");
+    const TensorEntry& t = *it->second;
+    if (t.dtype != m.dtype || t.shape != m.shape || t.offset != m.offset || t.length != m.length)
+      return Status(Code::kDataLoss,
+                    where + ": tensor \"" + Printable(m.name) + "\" is " + m.dtype + " " +
+                        ShapeText(m.shape) + " at bytes [" + std::to_string(m.offset) + ", " +
+                        std::to_string(m.offset + m.length) + ") in the manifest but " + t.dtype +
+                        " " + ShapeText(t.shape) + " at [" + std::to_string(t.offset) + ", " +
+                        std::to_string(t.offset + t.length) + ") in the safetensors header");
+  }
+  if (listed != h.tensors.size())
+    return Status(Code::kDataLoss, where + ": the safetensors header has " +
+                                       std::to_string(h.tensors.size()) +
+                                       " tensors, the manifest lists " + std::to_string(listed));
+  return OkStatus();
+}
+
+}  // namespace ckptio
