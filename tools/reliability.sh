@@ -47,9 +47,11 @@ HEAD
   echo 'is kept or undone at random and unsynced tails partly kept with junk ("garble"),'
   echo 'the LevelDB/RocksDB fault-injection model. Every k of each operation, both modes,'
   echo 'plus a cut right after the operation returned: the same invariants as above, and a'
-  echo 'save that returned OK must survive.'
+  echo 'save that returned OK must survive. `tests/torch/torch_power_loss_test.cc` does the'
+  echo 'same for a LibTorch save (module, Adam, tensor) and loads the result bit-exactly.'
   echo
   lines '^power-loss sweep' "$bin/fault_sweep_test" --gtest_filter=*PowerLoss*
+  lines '^torch power loss' "$bin/torch_power_loss_test"
   echo
   echo "## Corruption"
   echo
