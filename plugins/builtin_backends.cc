@@ -3,6 +3,7 @@
 
 #include "ckptio/backends.h"
 #include "ckptio/faulty_backend.h"
+#include "ckptio/nfs_backend.h"
 #include "ckptio/posix_backend.h"
 
 namespace ckptio {
@@ -11,6 +12,7 @@ const BackendRegistry& BuiltinBackends() {
   static const BackendRegistry* registry = [] {
     auto* r = new BackendRegistry();
     Status s = RegisterPosixBackend(*r);
+    if (s.ok()) s = RegisterNfsBackend(*r);
     if (s.ok()) s = RegisterFaultyBackends(*r);  // faulty+<every scheme above>
     if (!s.ok()) {  // a programming error: two plugins claim one scheme
       std::cerr << "ckptio: " << s << "\n";

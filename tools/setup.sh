@@ -18,6 +18,8 @@ PACKAGES=(
   python3-torch                          # interop checks: stock torch.load of exports
   openmpi-bin libopenmpi-dev             # the DDP demo also runs under mpirun
   clang libclang-rt-14-dev               # libFuzzer targets (tools/fuzz.sh)
+  libnfs-dev                             # the nfs:// backend (user-space NFSv3/v4)
+  nfs-ganesha nfs-ganesha-vfs rpcbind nfs-common  # a real NFS server for its tests
 )
 
 missing=()

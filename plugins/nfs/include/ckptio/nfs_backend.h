@@ -1,0 +1,74 @@
+// The nfs:// backend: speaks NFSv3 or NFSv4 from user space through libnfs
+// (4.0), so no kernel NFS client or mount is needed.
+//
+//   nfs://SERVER/PATH?version=3|4&nfsport=N&mountport=N&timeout_ms=N&client=NAME
+//
+// PATH is the export followed by the store's folder inside it; the backend
+// mounts the longest prefix of PATH the server exports (for v4, paths are in
+// the server's pseudo file system, e.g. nfs://host/export/run42?version=4).
+// version defaults to 3; nfsport and mountport skip the portmapper;
+// timeout_ms (default 30000, whole seconds) bounds every call, so a hung
+// server fails operations by then instead of hanging training; client names
+// this connection to an NFSv4 server (default: host.pid.counter, unique per
+// backend, as two v4 connections of one process must differ).
+//
+// Commit recipe for every object (ObjectWriter::Commit), in order:
+//   1. create ".ckptio-tmp.<name>.<host>.<pid>.<n>.<nonce>" in the target's
+//      folder with OPEN/CREATE (nfs_open2 O_CREAT|O_EXCL);
+//   2. WRITE, UNSTABLE, in pieces the server accepts (v4: 3840 bytes, the
+//      largest libnfs 4.0 sends intact);
+//   3. COMMIT (nfs_fsync): an error fails the commit, never retried;
+//   4. CLOSE, checked;
+//   5. RENAME tmp -> name (kReplace), or LINK tmp -> name + REMOVE tmp
+//      (kCreateExclusive). A reply lost after the server acted looks like a
+//      failure, so a failed RENAME or LINK is re-checked: if the temp is gone
+//      and the target is there with our size (RENAME), or the target is the
+//      temp's file (LINK), it happened;
+//   6. nothing more: NFS servers make CREATE, RENAME, LINK and REMOVE
+//      durable before replying (RFC 1813 §3.3, RFC 7530 §18), which is the
+//      directory fsync of the POSIX recipe.
+//
+// Locks: NFSv4 byte-range locks (LOCK/LOCKT, exclusive or shared, over the
+// first byte), kept alive by a thread that renews the client's lease while
+// any lock is held; a dead client's locks go when its lease expires. NFSv3
+// has no lock call in libnfs: exclusive locks are lease files (created
+// O_EXCL, renewed every lease/3, breakable by others once expired); shared
+// locks are Unimplemented, so the file-lock wait mode needs v4 (or the
+// manifest wait mode, which works on both).
+//
+// Thread safety: one connection per backend, every call serialised on it.
+#ifndef CKPTIO_NFS_BACKEND_H_
+#define CKPTIO_NFS_BACKEND_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "ckptio/backend.h"
+
+namespace ckptio {
+
+struct NfsOptions {
+  std::string server;  // host name or address
+  std::string path;    // absolute: export + folder inside it
+  int version = 3;     // 3 or 4
+  int nfs_port = 0;    // 0: ask the portmapper (v3) / 2049 (v4)
+  int mount_port = 0;  // v3 only; 0: ask the portmapper
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  std::string client_name;  // v4; empty: host.pid.counter
+  // v3 lease locks: how long a lock outlives its holder's last renewal.
+  std::chrono::milliseconds lease = std::chrono::seconds(15);
+};
+
+// Parses nfs:// URIs (see above) into options.
+Result<NfsOptions> ParseNfsUri(const Uri& uri);
+
+// Connects and mounts. Unavailable (naming the server) if it cannot.
+Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions options);
+
+// Registers "nfs" in `registry`.
+Status RegisterNfsBackend(BackendRegistry& registry);
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_NFS_BACKEND_H_
