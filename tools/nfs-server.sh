@@ -10,7 +10,8 @@
 #
 # Ports (override with CKPTIO_NFS_PORT, CKPTIO_NFS_MOUNT_PORT,
 # CKPTIO_NFS_NLM_PORT): 20490 NFS, 20048 mount, 20049 NLM. One server per
-# port set: stop it before starting another on the same ports.
+# port set: stop it before starting another on the same ports. NFSv4 leases
+# last CKPTIO_NFS_LEASE_S seconds (default 10; servers default to 60-90).
 #
 # URIs of the export:
 #   nfs://127.0.0.1/DIR/export?version=3&nfsport=20490&mountport=20048
@@ -29,7 +30,14 @@ nfs_port=${CKPTIO_NFS_PORT:-20490}
 mnt_port=${CKPTIO_NFS_MOUNT_PORT:-20048}
 nlm_port=${CKPTIO_NFS_NLM_PORT:-20049}
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# Running, and not a zombie (a killed daemon whose parent was not waiting).
+alive() {
+  [ -f "$1" ] || return 1
+  local pid
+  pid=$(cat "$1")
+  kill -0 "$pid" 2>/dev/null || return 1
+  case $(ps -o stat= -p "$pid" 2>/dev/null) in Z*) return 1 ;; esac
+}
 
 stop_pid() {  # stop_pid PIDFILE NAME: TERM, then KILL after 5 s
   local f=$1 pid
@@ -85,6 +93,8 @@ NFS_CORE_PARAM {
 }
 NFSv4 {
   Graceless = true;
+  # A dead client's locks go when its lease ends: short, for tests.
+  Lease_Lifetime = ${CKPTIO_NFS_LEASE_S:-10};
   RecoveryRoot = $dir/recovery;
 }
 EXPORT {

@@ -71,11 +71,31 @@ class Connection {
     wake.notify_all();
     if (keepalive.joinable()) keepalive.join();
     if (ctx) nfs_destroy_context(ctx);
+    for (auto* old : retired) nfs_destroy_context(old);
+  }
+
+  // NFSv4 servers forget a client whose lease ran out (no call for a lease
+  // time: an idle trainer between checkpoints). Whether `s` says so.
+  static bool ClientExpired(const Status& s) {
+    return s.message().find("NFS4ERR_EXPIRED") != std::string::npos ||
+           s.message().find("NFS4ERR_STALE_CLIENTID") != std::string::npos;
+  }
+  // A new connection under a new client identity (callers hold mu). Objects
+  // opened on the old one keep it (and fail if the server forgot it).
+  Status Reconnect() {
+    std::string path = export_path;
+    CKPTIO_ASSIGN_OR_RETURN(
+        struct nfs_context * fresh,
+        Connect(options, options.client_name + ".r" + std::to_string(++reconnects), &path));
+    retired.push_back(ctx);
+    ctx = fresh;
+    return OkStatus();
   }
 
   // A Status for libnfs result `rc` (-errno) of `what`.
-  Status Error(int rc, const std::string& what) const {
-    const char* detail = ctx ? nfs_get_error(ctx) : nullptr;
+  Status Error(int rc, const std::string& what) const { return ErrorOn(ctx, rc, what); }
+  Status ErrorOn(struct nfs_context* on, int rc, const std::string& what) const {
+    const char* detail = on ? nfs_get_error(on) : nullptr;
     int err = rc < 0 ? -rc : EIO;
     std::string msg = what + " on " + uri;
     if (detail && *detail) msg += " (" + std::string(detail) + ")";
@@ -146,6 +166,8 @@ class Connection {
   std::map<std::string, Held> held;
   std::atomic<uint64_t> counter{0};
   std::string host = HostName();
+  std::vector<struct nfs_context*> retired;  // replaced by Reconnect
+  int reconnects = 0;
 
  private:
   void KeepaliveLoop() {
@@ -183,7 +205,12 @@ class NfsWriter : public ObjectWriter {
  public:
   NfsWriter(std::shared_ptr<Connection> c, struct nfsfh* fh, std::string tmp, std::string target,
             WriteMode mode)
-      : c_(std::move(c)), fh_(fh), tmp_(std::move(tmp)), target_(std::move(target)), mode_(mode) {}
+      : c_(std::move(c)),
+        ctx_(c_->ctx),
+        fh_(fh),
+        tmp_(std::move(tmp)),
+        target_(std::move(target)),
+        mode_(mode) {}
   ~NfsWriter() override {
     if (!committed_) Discard();
   }
@@ -204,24 +231,24 @@ class NfsWriter : public ObjectWriter {
     std::lock_guard<std::mutex> g(c_->mu);
     Status s = Flush();
     if (!s.ok()) return Abandon(s);
-    int rc = nfs_fsync(c_->ctx, fh_);  // COMMIT: the bytes are on stable storage
-    if (rc < 0) return Abandon(c_->Error(rc, "fsync (COMMIT) " + tmp_));
-    rc = nfs_close(c_->ctx, fh_);
+    int rc = nfs_fsync(ctx_, fh_);  // COMMIT: the bytes are on stable storage
+    if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fsync (COMMIT) " + tmp_));
+    rc = nfs_close(ctx_, fh_);
     fh_ = nullptr;
-    if (rc < 0) return Abandon(c_->Error(rc, "close " + tmp_));
+    if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "close " + tmp_));
     if (mode_ == WriteMode::kReplace) {
-      rc = nfs_rename(c_->ctx, tmp_.c_str(), target_.c_str());
-      if (rc < 0 && !RenameHappened()) return Abandon(c_->Error(rc, "rename " + tmp_));
+      rc = nfs_rename(ctx_, tmp_.c_str(), target_.c_str());
+      if (rc < 0 && !RenameHappened()) return Abandon(c_->ErrorOn(ctx_, rc, "rename " + tmp_));
     } else {
-      rc = nfs_link(c_->ctx, tmp_.c_str(), target_.c_str());
+      rc = nfs_link(ctx_, tmp_.c_str(), target_.c_str());
       if (rc < 0 && !LinkHappened()) {
         if (rc == -EEXIST)
           return Abandon(
               Status(Code::kAlreadyExists,
                      c_->uri + ": " + target_ + " already exists and is never overwritten"));
-        return Abandon(c_->Error(rc, "link " + tmp_));
+        return Abandon(c_->ErrorOn(ctx_, rc, "link " + tmp_));
       }
-      (void)nfs_unlink(c_->ctx, tmp_.c_str());  // a leftover is removed as stale
+      (void)nfs_unlink(ctx_, tmp_.c_str());  // a leftover is removed as stale
     }
     tmp_.clear();
     committed_ = true;
@@ -239,8 +266,8 @@ class NfsWriter : public ObjectWriter {
     size_t done = 0;
     while (done < buffer_.size()) {
       size_t n = std::min(c_->max_write, buffer_.size() - done);
-      int rc = nfs_pwrite(c_->ctx, fh_, offset_, n, buffer_.data() + done);
-      if (rc < 0) return c_->Error(rc, "write " + tmp_);
+      int rc = nfs_pwrite(ctx_, fh_, offset_, n, buffer_.data() + done);
+      if (rc < 0) return c_->ErrorOn(ctx_, rc, "write " + tmp_);
       if (rc == 0)
         return Status(Code::kUnavailable, c_->uri + ": write " + tmp_ + " made no progress");
       done += static_cast<size_t>(rc);
@@ -253,14 +280,14 @@ class NfsWriter : public ObjectWriter {
   // After a failed RENAME: did it happen anyway (a lost reply)?
   bool RenameHappened() {
     struct nfs_stat_64 st;
-    if (nfs_stat64(c_->ctx, tmp_.c_str(), &st) == 0) return false;  // the temp is still there
-    return nfs_stat64(c_->ctx, target_.c_str(), &st) == 0 && st.nfs_size == offset_;
+    if (nfs_stat64(ctx_, tmp_.c_str(), &st) == 0) return false;  // the temp is still there
+    return nfs_stat64(ctx_, target_.c_str(), &st) == 0 && st.nfs_size == offset_;
   }
   // After a failed LINK: is the target our temp's file?
   bool LinkHappened() {
     struct nfs_stat_64 a, b;
-    return nfs_stat64(c_->ctx, tmp_.c_str(), &a) == 0 &&
-           nfs_stat64(c_->ctx, target_.c_str(), &b) == 0 && a.nfs_ino == b.nfs_ino;
+    return nfs_stat64(ctx_, tmp_.c_str(), &a) == 0 && nfs_stat64(ctx_, target_.c_str(), &b) == 0 &&
+           a.nfs_ino == b.nfs_ino;
   }
 
   // Removes the temp (callers hold mu).
@@ -277,13 +304,14 @@ class NfsWriter : public ObjectWriter {
     DiscardLocked();
   }
   void DiscardLocked() {
-    if (fh_) (void)nfs_close(c_->ctx, fh_);
+    if (fh_) (void)nfs_close(ctx_, fh_);
     fh_ = nullptr;
-    if (!tmp_.empty()) (void)nfs_unlink(c_->ctx, tmp_.c_str());
+    if (!tmp_.empty()) (void)nfs_unlink(ctx_, tmp_.c_str());
     tmp_.clear();
   }
 
   std::shared_ptr<Connection> c_;
+  struct nfs_context* ctx_;  // the connection the temp was created on
   struct nfsfh* fh_;
   std::string tmp_, target_;
   WriteMode mode_;
@@ -295,10 +323,10 @@ class NfsWriter : public ObjectWriter {
 class NfsReader : public ObjectReader {
  public:
   NfsReader(std::shared_ptr<Connection> c, struct nfsfh* fh, uint64_t size, std::string path)
-      : c_(std::move(c)), fh_(fh), size_(size), path_(std::move(path)) {}
+      : c_(std::move(c)), ctx_(c_->ctx), fh_(fh), size_(size), path_(std::move(path)) {}
   ~NfsReader() override {
     std::lock_guard<std::mutex> g(c_->mu);
-    (void)nfs_close(c_->ctx, fh_);
+    (void)nfs_close(ctx_, fh_);
   }
   uint64_t Size() const override { return size_; }
   Status ReadAt(uint64_t offset, void* buf, size_t size) override {
@@ -310,8 +338,8 @@ class NfsReader : public ObjectReader {
     char* p = static_cast<char*>(buf);
     while (size > 0) {
       size_t n = std::min(size, c_->max_write * 16);
-      int rc = nfs_pread(c_->ctx, fh_, offset, n, p);
-      if (rc < 0) return c_->Error(rc, "read " + path_);
+      int rc = nfs_pread(ctx_, fh_, offset, n, p);
+      if (rc < 0) return c_->ErrorOn(ctx_, rc, "read " + path_);
       if (rc == 0)
         return Status(Code::kDataLoss, c_->uri + ": " + path_ + " ends at byte " +
                                            std::to_string(offset) + " (truncated object?)");
@@ -324,6 +352,7 @@ class NfsReader : public ObjectReader {
 
  private:
   std::shared_ptr<Connection> c_;
+  struct nfs_context* ctx_;  // the connection the file was opened on
   struct nfsfh* fh_;
   uint64_t size_;
   std::string path_;
@@ -376,8 +405,50 @@ class NfsBackend : public StorageBackend {
   explicit NfsBackend(std::shared_ptr<Connection> c) : c_(std::move(c)) {}
 
   std::string Uri() const override { return c_->uri; }
-
   Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    return Retrying([&] { return NewObjectOnce(key, mode); });
+  }
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    return Retrying([&] { return OpenObjectOnce(key); });
+  }
+  Result<ObjectInfo> Stat(std::string_view key) override {
+    return Retrying([&] { return StatOnce(key); });
+  }
+  Result<std::vector<std::string>> List(std::string_view prefix) override {
+    return Retrying([&] { return ListOnce(prefix); });
+  }
+  Status Delete(std::string_view key) override {
+    return Retrying([&] { return DeleteOnce(key); });
+  }
+  Result<bool> IsLocked(std::string_view key) override {
+    return Retrying([&] { return IsLockedOnce(key); });
+  }
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    return Retrying([&] { return TryLockOnce(key, mode); });
+  }
+
+ private:
+  static const Status& StatusOf(const Status& s) { return s; }
+  template <typename T>
+  static const Status& StatusOf(const Result<T>& r) {
+    return r.status();
+  }
+
+  // Runs `op` (which takes mu itself); if an NFSv4 server had forgotten this
+  // client (its lease ran out while idle), reconnects and runs it again.
+  template <typename Op>
+  auto Retrying(Op op) -> decltype(op()) {
+    auto r = op();
+    if (r.ok() || c_->options.version != 4 || !Connection::ClientExpired(StatusOf(r))) return r;
+    {
+      std::lock_guard<std::mutex> g(c_->mu);
+      Status s = c_->Reconnect();
+      if (!s.ok()) return s.WithContext("reconnecting after the server expired this client");
+    }
+    return op();
+  }
+
+  Result<std::unique_ptr<ObjectWriter>> NewObjectOnce(std::string_view key, WriteMode mode) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const size_t slash = key.rfind('/');
     const std::string base(slash == std::string_view::npos ? key : key.substr(slash + 1));
@@ -398,7 +469,7 @@ class NfsBackend : public StorageBackend {
         std::make_unique<NfsWriter>(c_, fh, tmp, c_->Path(key), mode));
   }
 
-  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+  Result<std::unique_ptr<ObjectReader>> OpenObjectOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const std::string path = c_->Path(key);
     std::lock_guard<std::mutex> g(c_->mu);
@@ -417,14 +488,14 @@ class NfsBackend : public StorageBackend {
     return std::unique_ptr<ObjectReader>(std::make_unique<NfsReader>(c_, fh, st.nfs_size, path));
   }
 
-  Result<ObjectInfo> Stat(std::string_view key) override {
+  Result<ObjectInfo> StatOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::lock_guard<std::mutex> g(c_->mu);
     CKPTIO_ASSIGN_OR_RETURN(uint64_t size, RegularFileSize(c_->Path(key)));
     return ObjectInfo{size};
   }
 
-  Result<std::vector<std::string>> List(std::string_view prefix) override {
+  Result<std::vector<std::string>> ListOnce(std::string_view prefix) {
     CKPTIO_RETURN_IF_ERROR(ValidatePrefix(prefix));
     size_t slash = prefix.rfind('/');
     std::string dir_key(slash == std::string_view::npos ? "" : prefix.substr(0, slash));
@@ -449,7 +520,7 @@ class NfsBackend : public StorageBackend {
     return out;
   }
 
-  Status Delete(std::string_view key) override {
+  Status DeleteOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::lock_guard<std::mutex> g(c_->mu);
     const std::string path = c_->Path(key);
@@ -472,7 +543,7 @@ class NfsBackend : public StorageBackend {
     return OkStatus();
   }
 
-  Result<bool> IsLocked(std::string_view key) override {
+  Result<bool> IsLockedOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::lock_guard<std::mutex> g(c_->mu);
     if (c_->held.count(std::string(key))) return true;
@@ -493,7 +564,7 @@ class NfsBackend : public StorageBackend {
     return rc != 0;
   }
 
-  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+  Result<std::unique_ptr<BackendLock>> TryLockOnce(std::string_view key, LockMode mode) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const std::string path = c_->Path(key);
     std::lock_guard<std::mutex> g(c_->mu);
@@ -639,9 +710,10 @@ class NfsBackend : public StorageBackend {
 
 Result<NfsOptions> ParseNfsUri(const Uri& uri) {
   auto bad = [&](const std::string& what) {
-    return Status(Code::kInvalidArgument, "nfs:// URI: " + what +
-                                              " (form: nfs://server/export/path?version=3|4"
-                                              "&nfsport=N&mountport=N&timeout_ms=N&client=NAME)");
+    return Status(Code::kInvalidArgument,
+                  "nfs:// URI: " + what +
+                      " (form: nfs://server/export/path?version=3|4"
+                      "&nfsport=N&mountport=N&timeout_ms=N&lease_ms=N&client=NAME)");
   };
   NfsOptions o;
   o.server = uri.authority;
@@ -674,6 +746,9 @@ Result<NfsOptions> ParseNfsUri(const Uri& uri) {
     } else if (key == "timeout_ms") {
       CKPTIO_RETURN_IF_ERROR(number(key, 1000, 86400000, &n));
       o.timeout = std::chrono::milliseconds(n);
+    } else if (key == "lease_ms") {
+      CKPTIO_RETURN_IF_ERROR(number(key, 1000, 3600000, &n));
+      o.lease = std::chrono::milliseconds(n);
     } else if (key == "client") {
       if (value.empty() || value.size() > 64) return bad("client must be 1-64 characters");
       o.client_name = value;

@@ -1,7 +1,8 @@
 // The nfs:// backend: speaks NFSv3 or NFSv4 from user space through libnfs
 // (4.0), so no kernel NFS client or mount is needed.
 //
-//   nfs://SERVER/PATH?version=3|4&nfsport=N&mountport=N&timeout_ms=N&client=NAME
+//   nfs://SERVER/PATH?version=3|4&nfsport=N&mountport=N&timeout_ms=N&lease_ms=N
+//                    &client=NAME
 //
 // PATH is the export followed by the store's folder inside it; the backend
 // mounts the longest prefix of PATH the server exports (for v4, paths are in
@@ -10,7 +11,8 @@
 // timeout_ms (default 30000, whole seconds) bounds every call, so a hung
 // server fails operations by then instead of hanging training; client names
 // this connection to an NFSv4 server (default: host.pid.counter, unique per
-// backend, as two v4 connections of one process must differ).
+// backend, as two v4 connections of one process must differ); lease_ms
+// (default 15000) is how long a v3 lock outlives its holder.
 //
 // Commit recipe for every object (ObjectWriter::Commit), in order:
 //   1. create ".ckptio-tmp.<name>.<host>.<pid>.<n>.<nonce>" in the target's

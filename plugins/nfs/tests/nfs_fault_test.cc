@@ -1,0 +1,161 @@
+// The nfs:// backend when the server misbehaves, on a private NFS-Ganesha
+// (its own ports, so stopping it disturbs no other test): a hung server
+// (SIGSTOP) fails calls by the URI's deadline; a server killed in the
+// middle of a save and restarted leaves the old or the new checkpoint,
+// never a torn commit, and the store recovers.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "ckptio/backends.h"
+#include "ckptio/nfs_backend.h"
+#include "ckptio/store.h"
+#include "nfs_server.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using testing::NfsServer;
+using testing::RandomBytes;
+
+NfsServer& Private() {
+  // Stopped by its destructor when the test process exits.
+  static NfsServer server("/tmp/ckptio-nfs-fault-" + std::to_string(::getpid()),
+                          NfsServer::Ports{20590, 20148, 20149});
+  return server;
+}
+
+int64_t MsSince(Clock::time_point t) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - t).count();
+}
+
+class NfsFault : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!Private().ok()) {
+      ASSERT_TRUE(Private().Start()) << "cannot start the private NFS server";
+    }
+  }
+  int version() const { return GetParam(); }
+  std::string Uri(const std::string& sub) const {
+    ::mkdir((Private().export_dir() + "/" + sub).c_str(), 0755);
+    return Private().Uri(version(), sub, "timeout_ms=2000&lease_ms=3000");
+  }
+};
+
+Status Save(Store& store, int64_t step, size_t bytes) {
+  WriterOptions o;
+  o.chunk_size = 1 << 20;
+  o.lock_wait = milliseconds(20000);  // a restarted server may still hold the old lock
+  CKPTIO_ASSIGN_OR_RETURN(auto w, store.OpenWriter(o));
+  CKPTIO_ASSIGN_OR_RETURN(auto p, w->Begin(step));
+  const std::string data = RandomBytes(bytes, static_cast<uint64_t>(step));
+  CKPTIO_RETURN_IF_ERROR(p->PutObject("model.safetensors", data.data(), data.size()));
+  return p->Commit().status();
+}
+
+TEST_P(NfsFault, AHungServerFailsCallsByTheDeadline) {
+  const std::string uri = Uri("hung-v" + std::to_string(version()));
+  auto store = OpenStore(uri);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(Save(**store, 1, 1000).ok());
+  ASSERT_EQ(::kill(Private().Pid(), SIGSTOP), 0);
+  const auto t0 = Clock::now();
+  auto steps = (*store)->ListSteps();
+  const int64_t took = MsSince(t0);
+  ::kill(Private().Pid(), SIGCONT);
+  ASSERT_FALSE(steps.ok()) << "a stopped server answered";
+  EXPECT_EQ(steps.status().code(), Code::kUnavailable) << steps.status();
+  EXPECT_NE(steps.status().message().find("127.0.0.1"), std::string::npos) << steps.status();
+  EXPECT_GE(took, 1500);
+  EXPECT_LT(took, 8000) << "the call outlived its 2 s deadline by far";
+  std::cout << "nfs v" << version() << ": a SIGSTOPped server failed the call after " << took
+            << " ms (timeout_ms=2000): " << steps.status() << "\n";
+  // Once the server is back, a new connection works.
+  auto again = OpenStore(uri);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->OpenLatest().ok());
+}
+
+TEST_P(NfsFault, AServerKilledMidSaveLeavesAWholeCheckpoint) {
+  const std::string sub = "killed-v" + std::to_string(version());
+  const std::string uri = Uri(sub);
+  {
+    auto store = OpenStore(uri);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE(Save(**store, 1, 100000).ok());
+  }
+  int failed = 0, completed = 0;
+  constexpr int kTrials = 3;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const int64_t step = 2 + trial;
+    auto store = OpenStore(uri);
+    ASSERT_TRUE(store.ok()) << store.status();
+    // Save a large step; kill the server as soon as its data starts to land.
+    auto saving = std::async(std::launch::async, [&] { return Save(**store, step, 48 << 20); });
+    const std::string dir = Private().export_dir() + "/" + sub + "/" + StepDirName(step);
+    const auto t0 = Clock::now();
+    while (::access(dir.c_str(), F_OK) != 0 && MsSince(t0) < 10000)
+      std::this_thread::sleep_for(milliseconds(1 + trial * 20));
+    ASSERT_EQ(::kill(Private().Pid(), SIGKILL), 0);
+    const auto killed = Clock::now();
+    Status s = saving.get();
+    const int64_t noticed = MsSince(killed);
+    (s.ok() ? completed : failed)++;
+    if (!s.ok()) {
+      EXPECT_TRUE(s.code() == Code::kUnavailable || s.code() == Code::kAborted) << s;
+      EXPECT_LT(noticed, 10000) << "the save hung after the server died: " << s;
+    }
+    // A waiter polling through another client gets a clean error, not a hang.
+    auto waiter = OpenStore(uri);
+    EXPECT_FALSE(waiter.ok() && (*waiter)->ReadLatest().ok()) << "a dead server answered";
+    store->reset();
+    ASSERT_TRUE(Private().Start());
+    // The restarted job: every committed step verifies, LATEST names one, a
+    // repair leaves a clean store and the next save works.
+    auto after = OpenStore(uri);
+    ASSERT_TRUE(after.ok()) << after.status();
+    auto steps = (*after)->ListSteps();
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    for (const auto& e : *steps) {
+      EXPECT_NE(e.state, StepState::kCorrupt) << "step " << e.step << ": " << e.problem;
+      if (e.state != StepState::kCommitted) continue;
+      auto r = (*after)->OpenStep(e.step);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE((*r)->Verify().ok()) << "committed step " << e.step << " is torn";
+    }
+    auto latest = (*after)->OpenLatest();
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    if (s.ok()) {
+      EXPECT_EQ((*latest)->step(), step) << "a save that returned OK was lost";
+    }
+    WriterOptions o;
+    o.lock_wait = milliseconds(20000);
+    auto w = (*after)->OpenWriter(o);
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto repaired = (*w)->Repair();
+    ASSERT_TRUE(repaired.ok()) << repaired.status();
+    EXPECT_TRUE(repaired->clean());
+    w->reset();
+    if (HasFailure()) return;
+    std::cout << "nfs v" << version() << ": trial " << trial << ": Ganesha SIGKILLed mid-save of "
+              << "step " << step << "; save " << (s.ok() ? "completed" : "failed: " + s.ToString())
+              << " (" << noticed << " ms after the kill); after restart LATEST = step "
+              << (*latest)->step() << ", every committed step verified, repair clean\n";
+  }
+  auto store = OpenStore(uri);
+  ASSERT_TRUE(store.ok());
+  EXPECT_TRUE(Save(**store, 100, 1000).ok()) << "the store did not recover";
+}
+
+INSTANTIATE_TEST_SUITE_P(Versions, NfsFault, ::testing::Values(3, 4),
+                         [](const auto& p) { return "v" + std::to_string(p.param); });
+
+}  // namespace
+}  // namespace ckptio
