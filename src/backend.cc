@@ -34,6 +34,9 @@ Status ValidateKey(std::string_view key) {
     if (part.empty()) return bad("empty path component");
     if (part == "." || part == "..") return bad("'.' and '..' are not allowed");
     if (part.size() > kMaxKeyComponent) return bad("a component is longer than 200 bytes");
+    if (part.substr(0, 4) == ".nfs")
+      return bad("names starting with .nfs are reserved (a kernel NFS client renames files "
+                 "deleted while open to .nfsXXXX; listings skip them)");
     for (char c : part) {
       if (!IsKeyChar(c)) return bad("only [A-Za-z0-9._-] and '/' between components are allowed");
     }

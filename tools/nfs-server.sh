@@ -29,6 +29,7 @@ dir=$(cd "$dir" && pwd)
 nfs_port=${CKPTIO_NFS_PORT:-20490}
 mnt_port=${CKPTIO_NFS_MOUNT_PORT:-20048}
 nlm_port=${CKPTIO_NFS_NLM_PORT:-20049}
+helpers=${TMPDIR:-/tmp}/ckptio-nfs-helpers.pids  # rpcbind/statd we started
 
 # Running, and not a zombie (a killed daemon whose parent was not waiting).
 alive() {
@@ -72,14 +73,15 @@ case $cmd in
     mkdir -p "$dir/export" "$dir/recovery"
     # rpcbind and rpc.statd are shared by every server on this machine:
     # start them if nobody has, and remember whether we did.
+    # Their PIDs go to $helpers, so the last server to stop can stop them.
     if ! pgrep -x rpcbind >/dev/null; then
       setsid rpcbind -f -w </dev/null >/dev/null 2>&1 &
-      echo $! >"$dir/rpcbind.pid"
+      echo $! >>"$helpers"
       sleep 0.2
     fi
     if ! pgrep -x rpc.statd >/dev/null; then
       setsid rpc.statd -F --no-notify </dev/null >"$dir/statd.log" 2>&1 &
-      echo $! >"$dir/statd.pid"
+      echo $! >>"$helpers"
     fi
     cat >"$dir/ganesha.conf" <<EOF
 NFS_CORE_PARAM {
@@ -112,31 +114,49 @@ EXPORT {
 }
 LOG { Default_Log_Level = EVENT; }
 EOF
-    : >"$dir/ganesha.log"
-    # Detached (own session, no inherited descriptors), so a caller that
-    # waits for our output to end (ctest) is not held up by the daemons.
-    setsid ganesha.nfsd -F -L "$dir/ganesha.log" -f "$dir/ganesha.conf" \
-      -p "$dir/ganesha.pidfile" </dev/null >"$dir/ganesha.out" 2>&1 &
-    echo $! >"$dir/ganesha.pid"
-    for _ in $(seq 150); do
-      if grep -q "NFS SERVER INITIALIZED" "$dir/ganesha.log" 2>/dev/null; then
-        echo "nfs-server: Ganesha serving $dir/export (pid $(cat "$dir/ganesha.pid"))"
-        echo "  v3: nfs://127.0.0.1$dir/export?version=3&nfsport=$nfs_port&mountport=$mnt_port"
-        echo "  v4: nfs://127.0.0.1/export?version=4&nfsport=$nfs_port"
-        exit 0
-      fi
-      if ! alive "$dir/ganesha.pid"; then break; fi
-      sleep 0.1
+    # A server killed a moment ago may leave its ports briefly unusable:
+    # Ganesha then exits at once, and we try again for up to ~30 s.
+    for attempt in $(seq 30); do
+      # Ganesha exits if rpcbind still holds registrations of an earlier
+      # server (one killed, or another on other ports): drop them; the
+      # URIs above name the ports, so no client needs the portmapper.
+      for pv in "100003 3" "100003 4" "100005 1" "100005 3" "100021 4"; do
+        rpcinfo -d $pv >/dev/null 2>&1 || true
+      done
+      : >"$dir/ganesha.log"
+      # Detached (own session, no inherited descriptors), so a caller that
+      # waits for our output to end (ctest) is not held up by the daemons.
+      setsid ganesha.nfsd -F -L "$dir/ganesha.log" -f "$dir/ganesha.conf" \
+        -p "$dir/ganesha.pidfile" </dev/null >"$dir/ganesha.out" 2>&1 &
+      echo $! >"$dir/ganesha.pid"
+      for _ in $(seq 150); do
+        if grep -q "NFS SERVER INITIALIZED" "$dir/ganesha.log" 2>/dev/null; then
+          echo "nfs-server: Ganesha serving $dir/export (pid $(cat "$dir/ganesha.pid"))"
+          echo "  v3: nfs://127.0.0.1$dir/export?version=3&nfsport=$nfs_port&mountport=$mnt_port"
+          echo "  v4: nfs://127.0.0.1/export?version=4&nfsport=$nfs_port"
+          exit 0
+        fi
+        alive "$dir/ganesha.pid" || break
+        sleep 0.1
+      done
+      alive "$dir/ganesha.pid" && break  # running but silent for 15 s: give up
+      sleep 1
     done
     echo "nfs-server: Ganesha did not start; its log:" >&2
-    tail -20 "$dir/ganesha.log" "$dir/ganesha.out" >&2
+    tail -n 20 "$dir/ganesha.log" "$dir/ganesha.out" >&2
     "$0" stop "$dir" >/dev/null 2>&1 || true
     exit 1
     ;;
   stop)
     stop_pid "$dir/ganesha.pid"
-    stop_pid "$dir/statd.pid"
-    stop_pid "$dir/rpcbind.pid"
+    # The last Ganesha gone: stop the rpcbind and rpc.statd we started.
+    if ! pgrep -x ganesha.nfsd >/dev/null && [ -f "$helpers" ]; then
+      while read -r pid; do
+        echo "$pid" >"$dir/helper.pid"
+        stop_pid "$dir/helper.pid"
+      done <"$helpers"
+      rm -f "$helpers"
+    fi
     echo "nfs-server: stopped $dir"
     ;;
   status)

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,7 @@ constexpr size_t kWriteBuffer = 1 << 20;
 // libnfs 4.0 corrupts NFSv4 WRITEs above this size (the server rejects
 // them), so v4 writes go in pieces no larger.
 constexpr size_t kV4MaxWrite = 3840;
+constexpr uint64_t kSnapshotBytes = 1 << 20;
 constexpr uint64_t kLockBytes = 1;  // v4 locks cover byte 0 (a length of 0 is refused)
 constexpr int kNf3Reg = 1, kNf3Dir = 2;
 
@@ -51,6 +53,19 @@ std::string HostName() {
 
 std::atomic<uint64_t> g_connections{0};
 
+// Frees a libnfs context. libnfs 4.0 crashes destroying a context that still
+// has requests in flight (left by a timeout or a server that died), so such
+// a context only has its socket closed: its memory is left behind.
+void ReleaseContext(struct nfs_context* ctx, bool failed) {
+  if (!ctx) return;
+  if (!failed) {
+    nfs_destroy_context(ctx);
+    return;
+  }
+  int fd = nfs_get_fd(ctx);
+  if (fd >= 0) ::close(fd);
+}
+
 }  // namespace
 
 Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& client,
@@ -70,8 +85,8 @@ class Connection {
     }
     wake.notify_all();
     if (keepalive.joinable()) keepalive.join();
-    if (ctx) nfs_destroy_context(ctx);
-    for (auto* old : retired) nfs_destroy_context(old);
+    ReleaseContext(ctx, failed.count(ctx) > 0);
+    for (auto* old : retired) ReleaseContext(old, failed.count(old) > 0);
   }
 
   // NFSv4 servers forget a client whose lease ran out (no call for a lease
@@ -99,10 +114,12 @@ class Connection {
     int err = rc < 0 ? -rc : EIO;
     std::string msg = what + " on " + uri;
     if (detail && *detail) msg += " (" + std::string(detail) + ")";
-    if (err == ETIMEDOUT || (detail && std::strstr(detail, "timed out")))
-      return Status(Code::kUnavailable, msg + ": the server did not answer within " +
-                                            std::to_string(options.timeout.count()) + " ms");
-    return ErrnoToStatus(err, msg);
+    Status s = err == ETIMEDOUT || (detail && std::strstr(detail, "timed out"))
+                   ? Status(Code::kUnavailable, msg + ": the server did not answer within " +
+                                                    std::to_string(options.timeout.count()) + " ms")
+                   : ErrnoToStatus(err, msg);
+    if (s.code() == Code::kUnavailable && on) failed.insert(on);  // see ReleaseContext
+    return s;
   }
 
   std::string Path(std::string_view key) const {
@@ -166,7 +183,8 @@ class Connection {
   std::map<std::string, Held> held;
   std::atomic<uint64_t> counter{0};
   std::string host = HostName();
-  std::vector<struct nfs_context*> retired;  // replaced by Reconnect
+  std::vector<struct nfs_context*> retired;      // replaced by Reconnect
+  mutable std::set<struct nfs_context*> failed;  // transport errors seen on these
   int reconnects = 0;
 
  private:
@@ -325,6 +343,7 @@ class NfsReader : public ObjectReader {
   NfsReader(std::shared_ptr<Connection> c, struct nfsfh* fh, uint64_t size, std::string path)
       : c_(std::move(c)), ctx_(c_->ctx), fh_(fh), size_(size), path_(std::move(path)) {}
   ~NfsReader() override {
+    if (!fh_) return;  // (a snapshot: may be destroyed with mu held)
     std::lock_guard<std::mutex> g(c_->mu);
     (void)nfs_close(ctx_, fh_);
   }
@@ -334,7 +353,25 @@ class NfsReader : public ObjectReader {
       return Status(Code::kDataLoss, c_->uri + ": " + path_ + ": read of " + std::to_string(size) +
                                          " bytes at offset " + std::to_string(offset) +
                                          " is past the end (" + std::to_string(size_) + " bytes)");
+    if (!fh_) {
+      if (size > 0) std::memcpy(buf, snapshot_.data() + offset, size);
+      return OkStatus();
+    }
     std::lock_guard<std::mutex> g(c_->mu);
+    return ReadLocked(offset, buf, size);
+  }
+
+  // Reads the whole object into memory and closes the file (callers hold mu).
+  Status SnapshotLocked() {
+    snapshot_.resize(size_);
+    Status s = ReadLocked(0, snapshot_.data(), size_);
+    (void)nfs_close(ctx_, fh_);
+    fh_ = nullptr;
+    return s;
+  }
+
+ private:
+  Status ReadLocked(uint64_t offset, void* buf, size_t size) {
     char* p = static_cast<char*>(buf);
     while (size > 0) {
       size_t n = std::min(size, c_->max_write * 16);
@@ -350,12 +387,12 @@ class NfsReader : public ObjectReader {
     return OkStatus();
   }
 
- private:
   std::shared_ptr<Connection> c_;
   struct nfs_context* ctx_;  // the connection the file was opened on
-  struct nfsfh* fh_;
+  struct nfsfh* fh_;         // null once the object is in snapshot_
   uint64_t size_;
   std::string path_;
+  std::string snapshot_;
 };
 
 class NfsLock : public BackendLock {
@@ -372,9 +409,9 @@ class NfsLock : public BackendLock {
       fl.l_type = F_UNLCK;
       fl.l_whence = SEEK_SET;
       fl.l_len = kLockBytes;
-      (void)nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl);
-      (void)nfs_close(h.ctx, h.fh);
-      nfs_destroy_context(h.ctx);
+      bool ok = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl) == 0;
+      ok = nfs_close(h.ctx, h.fh) == 0 && ok;
+      ReleaseContext(h.ctx, !ok);
     } else {  // v3: remove the lease file if it is still ours
       std::string now;
       if (ReadSmallFile(*c_, h.path, &now).ok() && now == h.record)
@@ -434,18 +471,34 @@ class NfsBackend : public StorageBackend {
     return r.status();
   }
 
-  // Runs `op` (which takes mu itself); if an NFSv4 server had forgotten this
-  // client (its lease ran out while idle), reconnects and runs it again.
+  // Whether `s` is what libnfs reports for a file replaced (by a rename)
+  // while we looked it up or read it: a stale handle, or, from libnfs 4.0's
+  // READ of the replaced file, EFAULT.
+  static bool Replaced(const Status& s) {
+    return s.message().find("STALE") != std::string::npos ||
+           s.message().find("Stale file handle") != std::string::npos ||
+           s.message().find("Bad address") != std::string::npos;
+  }
+
+  // Runs `op` (which takes mu itself) again when a path it resolved went
+  // stale under it (LATEST replaced between LOOKUP and GETATTR or READ: an
+  // NFS client must look up again), and, if an NFSv4 server had forgotten
+  // this client (its lease ran out while idle), after reconnecting.
   template <typename Op>
   auto Retrying(Op op) -> decltype(op()) {
     auto r = op();
-    if (r.ok() || c_->options.version != 4 || !Connection::ClientExpired(StatusOf(r))) return r;
-    {
-      std::lock_guard<std::mutex> g(c_->mu);
-      Status s = c_->Reconnect();
-      if (!s.ok()) return s.WithContext("reconnecting after the server expired this client");
+    for (int attempt = 0; attempt < 8 && !r.ok(); ++attempt) {
+      const Status& s = StatusOf(r);
+      if (c_->options.version == 4 && Connection::ClientExpired(s)) {
+        std::lock_guard<std::mutex> g(c_->mu);
+        Status re = c_->Reconnect();
+        if (!re.ok()) return re.WithContext("reconnecting after the server expired this client");
+      } else if (!Replaced(s)) {
+        break;
+      }
+      r = op();
     }
-    return op();
+    return r;
   }
 
   Result<std::unique_ptr<ObjectWriter>> NewObjectOnce(std::string_view key, WriteMode mode) {
@@ -485,7 +538,12 @@ class NfsBackend : public StorageBackend {
       return c_->Error(rc, "fstat " + path);
     }
     (void)size;
-    return std::unique_ptr<ObjectReader>(std::make_unique<NfsReader>(c_, fh, st.nfs_size, path));
+    auto reader = std::make_unique<NfsReader>(c_, fh, st.nfs_size, path);
+    // Small objects (LATEST, manifests, records) are read whole now: one
+    // replaced by a rename after we opened it would read as stale on NFS,
+    // where no open file keeps a deleted one alive for us.
+    if (st.nfs_size <= kSnapshotBytes) CKPTIO_RETURN_IF_ERROR(reader->SnapshotLocked());
+    return std::unique_ptr<ObjectReader>(std::move(reader));
   }
 
   Result<ObjectInfo> StatOnce(std::string_view key) {
@@ -587,8 +645,8 @@ class NfsBackend : public StorageBackend {
           Connect(c_->options, c_->options.client_name + ".lock" + std::to_string(c_->counter++),
                   &export_path));
       auto close_all = [&] {
-        if (h.fh) (void)nfs_close(h.ctx, h.fh);
-        nfs_destroy_context(h.ctx);
+        const bool ok = !h.fh || nfs_close(h.ctx, h.fh) == 0;
+        ReleaseContext(h.ctx, !ok || c_->failed.count(h.ctx) > 0);
       };
       // (libnfs 4.0 treats O_CREAT on v4 as an exclusive create: open, else
       // create, else open what a racing creator made.)
@@ -597,7 +655,7 @@ class NfsBackend : public StorageBackend {
         rc = nfs_open2(h.ctx, path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644, &h.fh);
       if (rc == -EEXIST) rc = nfs_open(h.ctx, path.c_str(), O_RDWR, &h.fh);
       if (rc < 0) {
-        Status s = c_->Error(rc, "open lock file " + path);
+        Status s = c_->ErrorOn(h.ctx, rc, "open lock file " + path);
         h.fh = nullptr;
         close_all();
         return s;
@@ -608,8 +666,7 @@ class NfsBackend : public StorageBackend {
       fl.l_len = kLockBytes;
       rc = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl);
       if (rc < 0) {
-        const char* detail = nfs_get_error(h.ctx);
-        Status s = c_->Error(rc, "lock " + path + std::string(": ") + (detail ? detail : ""));
+        Status s = c_->ErrorOn(h.ctx, rc, "lock " + path);
         close_all();
         // NFS4ERR_DENIED: somebody else holds it.
         if (rc == -EAGAIN || rc == -EACCES || s.message().find("DENIED") != std::string::npos)
@@ -767,7 +824,7 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
   struct nfs_context* ctx = nfs_init_context();
   if (!ctx) return Status(Code::kResourceExhausted, "nfs_init_context failed");
   auto fail = [&](Status s) {
-    nfs_destroy_context(ctx);
+    ReleaseContext(ctx, /*failed=*/true);  // a failed mount may leave requests in flight
     return s;
   };
   // libnfs 4.0 sets ports and the version only from URL arguments.

@@ -11,7 +11,10 @@
 // their XXH3-128 so anyone can compare.
 //
 // --kill-rank0-during-save=STEP SIGKILLs rank 0 in the middle of writing
-// STEP's checkpoint (when its first object's temp file is open).
+// STEP's checkpoint (as it starts its first object), whatever the backend.
+// --rank-store R=URI makes rank R reach the store through another URI, e.g.
+// ranks reading the folder an NFS server exports while rank 0 writes over
+// nfs://.
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -23,7 +26,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ckptio/backends.h"
-#include "ckptio/posix_backend.h"
 #include "ckptio/torch.h"
 
 namespace {
@@ -62,6 +64,42 @@ void Say(int fd, const std::string& line) {
   (void)!::write(fd, s.data(), s.size());
 }
 
+// A backend that SIGKILLs the process when an object whose key contains
+// `marker` is started, for --kill-rank0-during-save.
+class KillingBackend : public ckptio::StorageBackend {
+ public:
+  KillingBackend(std::unique_ptr<ckptio::StorageBackend> inner, std::string marker)
+      : inner_(std::move(inner)), marker_(std::move(marker)) {}
+  std::string Uri() const override { return inner_->Uri(); }
+  ckptio::Result<std::unique_ptr<ckptio::ObjectWriter>> NewObject(std::string_view key,
+                                                                  ckptio::WriteMode mode) override {
+    if (key.find(marker_) != std::string_view::npos) {
+      Say(2, "rank 0: --kill-rank0-during-save: SIGKILL while writing " + std::string(key));
+      ::raise(SIGKILL);
+    }
+    return inner_->NewObject(key, mode);
+  }
+  ckptio::Result<std::unique_ptr<ckptio::ObjectReader>> OpenObject(std::string_view key) override {
+    return inner_->OpenObject(key);
+  }
+  ckptio::Result<ckptio::ObjectInfo> Stat(std::string_view key) override {
+    return inner_->Stat(key);
+  }
+  ckptio::Result<std::vector<std::string>> List(std::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+  ckptio::Status Delete(std::string_view key) override { return inner_->Delete(key); }
+  ckptio::Result<bool> IsLocked(std::string_view key) override { return inner_->IsLocked(key); }
+  ckptio::Result<std::unique_ptr<ckptio::BackendLock>> TryLock(std::string_view key,
+                                                               ckptio::LockMode mode) override {
+    return inner_->TryLock(key, mode);
+  }
+
+ private:
+  std::unique_ptr<ckptio::StorageBackend> inner_;
+  std::string marker_;
+};
+
 int Fail(const ckptio::RankInfo& rank, const std::string& what, const ckptio::Status& s) {
   Say(2, "rank " + std::to_string(rank.rank) + ": " + what + ": " + s.ToString());
   return 1;
@@ -75,7 +113,10 @@ int main(int argc, char** argv) {
   int64_t steps = 60, every = 10, kill_at = -1;
   int keep = 3;
   double timeout_s = 60;
-  app.add_option("--store", store_path, "checkpoint store (path or file:// URI)");
+  std::vector<std::string> rank_stores;
+  app.add_option("--store", store_path, "checkpoint store (path, file:// or nfs:// URI)");
+  app.add_option("--rank-store", rank_stores,
+                 "R=URI: rank R opens the same store through URI (repeatable)");
   app.add_option("--steps", steps, "training steps in all")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--every", every, "checkpoint every K steps")
@@ -133,21 +174,19 @@ int main(int argc, char** argv) {
     }
     copt.c10d_store = tcp;
   }
+  for (const auto& rs : rank_stores) {
+    const size_t eq = rs.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "ckptio-ddp-demo: --rank-store wants R=URI, got \"" << rs << "\"\n";
+      return 2;
+    }
+    if (std::atoi(rs.substr(0, eq).c_str()) == rank.rank) store_path = rs.substr(eq + 1);
+  }
   if (rank.rank == 0 && kill_at >= 0) {
-    // Die the moment the first object of that step's checkpoint is opened.
-    const std::string marker = "/" + ckptio::StepDirName(kill_at) + "/";
-    ckptio::PosixBackendOptions po;
-    po.hook = [marker](ckptio::PosixSyncPoint p, const std::string& path) {
-      if (p == ckptio::PosixSyncPoint::kTempOpened && path.find(marker) != std::string::npos) {
-        Say(2, "rank 0: --kill-rank0-during-save: SIGKILL while writing " + path);
-        ::raise(SIGKILL);
-      }
-      return ckptio::OkStatus();
-    };
-    auto uri = ckptio::Uri::Parse(store_path);
-    auto backend = uri.ok() ? ckptio::NewPosixBackend(uri->path, po) : uri.status();
+    auto backend = ckptio::BuiltinBackends().Open(store_path);
     if (!backend.ok()) return Fail(rank, "opening the store", backend.status());
-    copt.backend = std::move(*backend);
+    copt.backend =
+        std::make_shared<KillingBackend>(std::move(*backend), ckptio::StepDirName(kill_at) + "/");
   }
   auto ckpt_or = ckptio::Checkpointer::Open(store_path, rank, copt);
   if (!ckpt_or.ok()) return Fail(rank, "opening the checkpointer", ckpt_or.status());

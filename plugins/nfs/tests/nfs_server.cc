@@ -23,7 +23,9 @@ NfsServer::NfsServer(std::string dir, Ports ports, bool owned)
 }
 
 NfsServer::~NfsServer() {
-  if (owned_) Stop();
+  if (!owned_) return;
+  Stop();
+  Run("rm -rf '" + dir_ + "'");
 }
 
 NfsServer& NfsServer::Shared() {

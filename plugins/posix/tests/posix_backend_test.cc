@@ -57,6 +57,20 @@ Status Put(StorageBackend& b, const std::string& key, const std::string& bytes) 
   return w->Commit();
 }
 
+// A kernel NFS client renames a file deleted while open to .nfsXXXX until
+// the last close: such leftovers are never listed as objects.
+TEST(PosixBackend, NfsSillyRenamedFilesAreNotObjects) {
+  TempDir dir;
+  auto b = Open(dir.path());
+  ASSERT_TRUE(Put(*b, "step-1/a", "x").ok());
+  testing::WriteFile(dir.Sub("step-1/.nfs000000000012345600000001"), "deleted while open");
+  auto keys = b->List("");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_EQ(*keys, std::vector<std::string>{"step-1/a"});
+  EXPECT_EQ(b->NewObject("step-1/.nfs1", WriteMode::kReplace).status().code(),
+            Code::kInvalidArgument);
+}
+
 TEST(PosixBackend, PlantedDirectorySymlinkIsNeverFollowed) {
   TempDir dir;
   TempDir outside;
