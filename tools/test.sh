@@ -44,6 +44,7 @@ run_suite "$BUILD_DIR" "release" "$@"
 if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   build_tree "$CKPTIO_ROOT/build-asan" -DCKPTIO_SANITIZE=address,undefined
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    LSAN_OPTIONS=suppressions=$CKPTIO_ROOT/tools/lsan.supp \
     run_suite "$CKPTIO_ROOT/build-asan" "asan+ubsan" "$@"
 fi
 if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
