@@ -1,0 +1,363 @@
+// ckptio-bench: ckptio against raw I/O, torch::save/load and Python
+// torch.save/load on the same bytes, in one run, contenders alternating,
+// medians of --repeat runs. Prints a table and, with --json, the numbers.
+//
+//   ckptio-bench [--dir DIR] [--size MiB] [--repeat N] [--json FILE]
+//                [--nfs nfs://server/export?version=3&nfsport=N&mountport=N]
+//
+// Shapes: "large" (8 float tensors of size/8 each) and "small" (10,000
+// tensors of 4 KiB). Saves are durable (fsync) for every contender; loads
+// are from a warm page cache, and "cold" after posix_fadvise(DONTNEED) of
+// every file (the page cache may keep some pages anyway on this VM; the
+// cold numbers are an upper bound on what a reboot would give).
+#include <fcntl.h>
+#include <nfsc/libnfs.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "ckptio/backends.h"
+#include "ckptio/torch.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double Seconds(const std::function<void()>& f) {
+  auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::cerr << "ckptio-bench: " << what << "\n";
+  std::exit(1);
+}
+
+void Check(const ckptio::Status& s, const std::string& what) {
+  if (!s.ok()) Die(what + ": " + s.ToString());
+}
+
+void FsyncPath(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) Die("fsync " + path);
+  ::close(fd);
+}
+
+// Drops the page cache of every file under `path`.
+void DropCache(const std::string& path) {
+  auto drop = [](const fs::path& p) {
+    int fd = ::open(p.c_str(), O_RDONLY);
+    if (fd < 0) return;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  if (fs::is_regular_file(path)) return drop(path);
+  for (const auto& e : fs::recursive_directory_iterator(path))
+    if (e.is_regular_file()) drop(e.path());
+}
+
+void WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) Die("write");
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+struct Shape {
+  std::string name;
+  int64_t count;
+  int64_t elems;  // float32 elements per tensor
+};
+
+// The state to save: `count` float tensors, deterministic content.
+std::vector<torch::Tensor> MakeTensors(const Shape& s) {
+  torch::manual_seed(7);
+  std::vector<torch::Tensor> out;
+  for (int64_t i = 0; i < s.count; ++i) out.push_back(torch::randn({s.elems}));
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+const char* kPython = R"PY(
+import os, sys, time, torch
+mode, raw, path, count, elems = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+if mode == "save":
+    buf = bytearray(open(raw, "rb").read())
+    ts = {"t%d" % i: torch.frombuffer(buf, dtype=torch.float32, count=elems, offset=i * elems * 4).clone() for i in range(count)}
+    t0 = time.perf_counter()
+    torch.save(ts, path)
+    fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
+    print(time.perf_counter() - t0)
+else:
+    t0 = time.perf_counter()
+    ts = torch.load(path)
+    print(time.perf_counter() - t0)
+)PY";
+
+double Python(const std::string& mode, const std::string& raw, const std::string& path,
+              const Shape& s, const std::string& script) {
+  std::string cmd = "/usr/bin/python3 " + script + " " + mode + " " + raw + " " + path + " " +
+                    std::to_string(s.count) + " " + std::to_string(s.elems);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) Die("popen python3");
+  double secs = -1;
+  if (std::fscanf(p, "%lf", &secs) != 1) secs = -1;
+  if (::pclose(p) != 0 || secs < 0) Die("python3 torch " + mode + " failed: " + cmd);
+  return secs;
+}
+
+// Raw libnfs I/O on the export of a v3 URI.
+struct RawNfs {
+  struct nfs_context* ctx = nullptr;
+  explicit RawNfs(const std::string& uri) {
+    ctx = nfs_init_context();
+    struct nfs_url* url = nfs_parse_url_dir(ctx, uri.c_str());
+    if (!url) Die("libnfs cannot parse " + uri + ": " + nfs_get_error(ctx));
+    if (nfs_mount(ctx, url->server, url->path) != 0)
+      Die("libnfs cannot mount " + uri + ": " + nfs_get_error(ctx));
+    nfs_destroy_url(url);
+  }
+  ~RawNfs() { nfs_destroy_context(ctx); }
+  void Write(const std::string& path, const std::vector<torch::Tensor>& ts) {
+    struct nfsfh* fh = nullptr;
+    nfs_unlink(ctx, path.c_str());
+    if (nfs_open2(ctx, path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh) != 0)
+      Die(std::string("raw nfs create: ") + nfs_get_error(ctx));
+    const uint64_t max = std::min<uint64_t>(nfs_get_writemax(ctx), 1 << 20);
+    uint64_t off = 0;
+    for (const auto& t : ts) {
+      const char* p = static_cast<const char*>(t.data_ptr());
+      for (uint64_t done = 0; done < t.nbytes();) {
+        uint64_t n = std::min<uint64_t>(max, t.nbytes() - done);
+        int rc = nfs_pwrite(ctx, fh, off, n, p + done);
+        if (rc <= 0) Die(std::string("raw nfs write: ") + nfs_get_error(ctx));
+        done += static_cast<uint64_t>(rc);
+        off += static_cast<uint64_t>(rc);
+      }
+    }
+    if (nfs_fsync(ctx, fh) != 0 || nfs_close(ctx, fh) != 0) Die("raw nfs commit");
+  }
+  void Read(const std::string& path, std::vector<char>& buf) {
+    struct nfsfh* fh = nullptr;
+    if (nfs_open(ctx, path.c_str(), O_RDONLY, &fh) != 0) Die("raw nfs open");
+    for (uint64_t off = 0; off < buf.size();) {
+      uint64_t n = std::min<uint64_t>(1 << 20, buf.size() - off);
+      int rc = nfs_pread(ctx, fh, off, n, buf.data() + off);
+      if (rc <= 0) Die("raw nfs read");
+      off += static_cast<uint64_t>(rc);
+    }
+    nfs_close(ctx, fh);
+  }
+};
+
+std::string WithSub(const std::string& uri, const std::string& sub) {
+  size_t q = uri.find('?');
+  return q == std::string::npos ? uri + "/" + sub : uri.substr(0, q) + "/" + sub + uri.substr(q);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptio-bench: ckptio vs raw I/O, torch::save/load and torch.save/load"};
+  std::string dir = "./bench-data", json_path, nfs_uri;
+  int64_t size_mib = 256;
+  int repeat = 3;
+  bool no_python = false;
+  app.add_option("--dir", dir, "scratch folder (its file system is what is measured)");
+  app.add_option("--size", size_mib, "MiB of tensors per contender")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--repeat", repeat, "runs per contender; medians are reported")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--json", json_path, "write every number here");
+  app.add_option("--nfs", nfs_uri, "also measure over this NFSv3 nfs:// URI (an export)");
+  app.add_flag("--no-python", no_python, "skip Python torch.save/load");
+  CLI11_PARSE(app, argc, argv);
+  torch::set_num_threads(1);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string script = dir + "/torch_bench.py";
+  std::ofstream(script) << kPython;
+
+  const int64_t bytes = size_mib << 20;
+  std::vector<Shape> shapes = {{"large", 8, bytes / 8 / 4}, {"small", 10000, 1024}};
+  json out;
+  out["machine"] = {{"cores", std::thread::hardware_concurrency()},
+                    {"memory_gib", static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                                       ::sysconf(_SC_PAGESIZE) / (1 << 30)}};
+  {
+    FILE* p = ::popen(("df -T " + dir + " | tail -1 | awk '{print $2}'").c_str(), "r");
+    char fstype[64] = {};
+    if (p && std::fgets(fstype, sizeof fstype, p))
+      out["machine"]["filesystem"] = std::string(fstype, std::strcspn(fstype, "\n"));
+    if (p) ::pclose(p);
+  }
+  if (const char* commit = std::getenv("CKPTIO_COMMIT")) out["commit"] = commit;
+  out["size_mib"] = size_mib;
+  out["repeat"] = repeat;
+
+  ckptio::RankInfo rank;
+  for (const Shape& shape : shapes) {
+    const std::vector<torch::Tensor> tensors = MakeTensors(shape);
+    const double gib = static_cast<double>(shape.count * shape.elems * 4) / (1 << 30);
+    std::map<std::string, std::vector<double>> t;
+    const std::string raw = dir + "/raw.bin", tpt = dir + "/torch.pt", pypt = dir + "/py.pt";
+    for (int r = 0; r < repeat; ++r) {
+      // raw write + fsync: the durable limit.
+      fs::remove(raw);
+      t["raw_write"].push_back(Seconds([&] {
+        int fd = ::open(raw.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) Die("open " + raw);
+        for (const auto& x : tensors)
+          WriteAll(fd, static_cast<const char*>(x.data_ptr()), x.nbytes());
+        if (::fsync(fd) != 0) Die("fsync");
+        ::close(fd);
+      }));
+      // ckptio save (a fresh store each time: retention stays out of it).
+      const std::string store = dir + "/store";
+      fs::remove_all(store);
+      std::vector<torch::Tensor> mine = tensors;
+      ckptio::State state;
+      for (size_t i = 0; i < mine.size(); ++i)
+        state.items.emplace_back("t" + std::to_string(i), mine[i]);
+      {
+        auto ckpt = ckptio::Checkpointer::Open(store, rank);
+        if (!ckpt.ok()) Die(ckpt.status().ToString());
+        t["ckptio_save"].push_back(Seconds([&] { Check((*ckpt)->Save(1, state), "ckptio save"); }));
+      }
+      fs::remove(tpt);
+      t["torch_save"].push_back(Seconds([&] {
+        torch::save(tensors, tpt);
+        FsyncPath(tpt);
+      }));
+      if (!no_python) {
+        fs::remove(pypt);
+        t["python_save"].push_back(Python("save", raw, pypt, shape, script));
+      }
+      // Warm loads.
+      std::vector<char> buf(static_cast<size_t>(fs::file_size(raw)));
+      auto raw_read = [&] {
+        int fd = ::open(raw.c_str(), O_RDONLY);
+        for (size_t off = 0; off < buf.size();) {
+          ssize_t n = ::pread(fd, buf.data() + off, buf.size() - off, static_cast<off_t>(off));
+          if (n <= 0) Die("read");
+          off += static_cast<size_t>(n);
+        }
+        ::close(fd);
+      };
+      auto ckptio_load = [&] {
+        auto ckpt = ckptio::Checkpointer::Open(store, rank);
+        if (!ckpt.ok()) Die(ckpt.status().ToString());
+        ckptio::LoadOptions lo;
+        lo.map_location = ckptio::MapLocation::To("cpu");
+        auto loaded = (*ckpt)->Load(state, lo);
+        if (!loaded.ok() || !loaded->has_value()) Die("ckptio load: " + loaded.status().ToString());
+      };
+      t["raw_read"].push_back(Seconds(raw_read));
+      t["ckptio_load"].push_back(Seconds(ckptio_load));
+      t["torch_load"].push_back(Seconds([&] {
+        std::vector<torch::Tensor> back;
+        torch::load(back, tpt);
+      }));
+      if (!no_python) t["python_load"].push_back(Python("load", raw, pypt, shape, script));
+      // Cold loads.
+      DropCache(raw);
+      t["raw_read_cold"].push_back(Seconds(raw_read));
+      DropCache(store);
+      t["ckptio_load_cold"].push_back(Seconds(ckptio_load));
+      if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes");
+    }
+    if (!nfs_uri.empty() && shape.name == "large") {
+      RawNfs nfs(nfs_uri);
+      const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
+      std::vector<char> buf(static_cast<size_t>(bytes));
+      for (int r = 0; r < repeat; ++r) {
+        t["nfs_raw_write"].push_back(Seconds([&] { nfs.Write("/" + sub + ".raw", tensors); }));
+        std::vector<torch::Tensor> mine = tensors;
+        ckptio::State state;
+        for (size_t i = 0; i < mine.size(); ++i)
+          state.items.emplace_back("t" + std::to_string(i), mine[i]);
+        const std::string store = WithSub(nfs_uri, sub + "-" + std::to_string(r));
+        {
+          auto ckpt = ckptio::Checkpointer::Open(store, rank);
+          if (!ckpt.ok()) Die(ckpt.status().ToString());
+          t["nfs_ckptio_save"].push_back(
+              Seconds([&] { Check((*ckpt)->Save(1, state), "nfs save"); }));
+        }
+        t["nfs_raw_read"].push_back(Seconds([&] { nfs.Read("/" + sub + ".raw", buf); }));
+        t["nfs_ckptio_load"].push_back(Seconds([&] {
+          auto ckpt = ckptio::Checkpointer::Open(store, rank);
+          if (!ckpt.ok()) Die(ckpt.status().ToString());
+          ckptio::LoadOptions lo;
+          lo.map_location = ckptio::MapLocation::To("cpu");
+          auto loaded = (*ckpt)->Load(state, lo);
+          if (!loaded.ok() || !loaded->has_value()) Die("nfs load: " + loaded.status().ToString());
+        }));
+      }
+    }
+    json& js = out["shapes"][shape.name];
+    js["tensors"] = shape.count;
+    js["gib"] = gib;
+    std::printf("\n%s: %lld tensors, %.3f GiB, median of %d\n", shape.name.c_str(),
+                static_cast<long long>(shape.count), gib, repeat);
+    std::printf("  %-18s %10s %10s\n", "contender", "seconds", "GiB/s");
+    for (const auto& [name, v] : t) {
+      const double m = Median(v);
+      js["seconds"][name] = m;
+      js["gib_per_s"][name] = gib / m;
+      js["runs"][name] = v;
+      std::printf("  %-18s %10.3f %10.3f\n", name.c_str(), m, gib / m);
+    }
+  }
+  auto sec = [&](const char* shape, const char* what) {
+    return out["shapes"][shape]["seconds"].value(what, 0.0);
+  };
+  json& ratios = out["ratios"];
+  ratios["save_vs_raw_write"] = sec("large", "raw_write") / sec("large", "ckptio_save");
+  ratios["save_vs_torch_save"] = sec("large", "torch_save") / sec("large", "ckptio_save");
+  ratios["load_vs_torch_load"] = sec("large", "torch_load") / sec("large", "ckptio_load");
+  ratios["load_vs_raw_read"] = sec("large", "raw_read") / sec("large", "ckptio_load");
+  ratios["small_tensors_save_vs_raw_write"] =
+      sec("small", "raw_write") / sec("small", "ckptio_save");
+  ratios["async_stall_vs_sync_save"] = nullptr;  // no async save yet (issue 6)
+  if (!no_python) {
+    ratios["save_vs_python_save"] = sec("large", "python_save") / sec("large", "ckptio_save");
+    ratios["load_vs_python_load"] = sec("large", "python_load") / sec("large", "ckptio_load");
+  }
+  if (!nfs_uri.empty()) {
+    ratios["nfs_save_vs_raw_libnfs_write"] =
+        sec("large", "nfs_raw_write") / sec("large", "nfs_ckptio_save");
+    ratios["nfs_load_vs_raw_libnfs_read"] =
+        sec("large", "nfs_raw_read") / sec("large", "nfs_ckptio_load");
+  }
+  std::printf("\nratios (>1: ckptio faster; speed ratio = other's time / ckptio's time)\n");
+  for (auto it = ratios.begin(); it != ratios.end(); ++it) {
+    if (it->is_null())
+      std::printf("  %-32s n/a (not implemented)\n", it.key().c_str());
+    else
+      std::printf("  %-32s %.3f\n", it.key().c_str(), it->get<double>());
+  }
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  fs::remove_all(dir);
+  return 0;
+}
