@@ -19,6 +19,14 @@ Status WriteSmall(StorageBackend& backend, std::string_view key, std::string_vie
 int64_t NowUnixMs();
 std::string HostName();
 
+// HostName() cut to 32 characters of [A-Za-z0-9_-], for names.
+std::string KeySafeHostName();
+// 16 random hex digits.
+std::string RandomHex();
+// The unique name a backend writes object `base` under until its commit:
+// ".ckptio-tmp.<base, cut at 100>.<host>.<pid>.<n>.<random>" (key-safe).
+std::string TempObjectName(std::string_view base);
+
 }  // namespace ckptio
 
 #endif  // CKPTIO_SRC_OBJECT_IO_H_

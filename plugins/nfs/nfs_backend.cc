@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "object_io.h"
+
 namespace ckptio {
 namespace {
 
@@ -33,22 +35,6 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::string Nonce() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
-  return buf;
-}
-
-std::string HostName() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
-  std::string h(buf);
-  for (char& c : h)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
-  return h.substr(0, 32);
 }
 
 std::atomic<uint64_t> g_connections{0};
@@ -182,7 +168,6 @@ class Connection {
   std::mutex mu;
   std::map<std::string, Held> held;
   std::atomic<uint64_t> counter{0};
-  std::string host = HostName();
   std::vector<struct nfs_context*> retired;      // replaced by Reconnect
   mutable std::set<struct nfs_context*> failed;  // transport errors seen on these
   int reconnects = 0;
@@ -510,9 +495,7 @@ class NfsBackend : public StorageBackend {
                     "object key \"" + std::string(key) + "\" uses the reserved temp prefix");
     const std::string dir =
         slash == std::string_view::npos ? c_->Path("") : c_->Path(key.substr(0, slash));
-    const std::string tmp = dir + "/" + std::string(kTempMarker) + base.substr(0, 100) + "." +
-                            c_->host + "." + std::to_string(::getpid()) + "." +
-                            std::to_string(c_->counter.fetch_add(1)) + "." + Nonce();
+    const std::string tmp = dir + "/" + TempObjectName(base);
     std::lock_guard<std::mutex> g(c_->mu);
     CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
     struct nfsfh* fh = nullptr;
@@ -747,7 +730,7 @@ class NfsBackend : public StorageBackend {
                                                      seen.substr(0, seen.find('\n')) + ")");
       // Break the expired lease: move it aside, and make sure what moved is
       // the record we judged (not a fresh lease someone took meanwhile).
-      const std::string aside = path + ".broken." + Nonce();
+      const std::string aside = path + ".broken." + RandomHex();
       if (nfs_rename(c_->ctx, path.c_str(), aside.c_str()) < 0) continue;
       std::string moved;
       if (NfsLock::ReadSmallFile(*c_, aside, &moved).ok() && moved != seen) {
@@ -842,7 +825,7 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
   if (o.version == 4) {
     // Two v4 connections of one process must not share a client identity.
     nfs4_set_client_name(ctx, client.c_str());
-    const std::string verifier = Nonce().substr(0, 8);
+    const std::string verifier = RandomHex().substr(0, 8);
     nfs4_set_verifier(ctx, verifier.c_str());
   }
   if (!export_path->empty()) {
@@ -878,8 +861,8 @@ Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions o) {
   if (o.version != 3 && o.version != 4)
     return Status(Code::kInvalidArgument, "NFS version must be 3 or 4");
   if (o.client_name.empty())
-    o.client_name = HostName() + "." + std::to_string(::getpid()) + "." +
-                    std::to_string(g_connections.fetch_add(1)) + "." + Nonce().substr(0, 8);
+    o.client_name = KeySafeHostName() + "." + std::to_string(::getpid()) + "." +
+                    std::to_string(g_connections.fetch_add(1)) + "." + RandomHex().substr(0, 8);
   std::string uri = "nfs://" + o.server + o.path + "?version=" + std::to_string(o.version);
   auto c = std::make_shared<Connection>(o, uri);
   CKPTIO_ASSIGN_OR_RETURN(c->ctx, Connect(o, o.client_name, &c->export_path));

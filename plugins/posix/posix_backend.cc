@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "object_io.h"
+
 namespace ckptio {
 
 std::string_view PosixSyncPointName(PosixSyncPoint p) {
@@ -102,15 +104,6 @@ void SplitKey(std::string_view key, std::vector<std::string>* dirs, std::string*
     dirs->emplace_back(key.substr(start, slash - start));
     start = slash + 1;
   }
-}
-
-std::string HostName() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
-  std::string h(buf);
-  for (char& c : h)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
-  return h.substr(0, 32);
 }
 
 // Locks held by this process, by the lock file's device and inode (the same
@@ -279,7 +272,7 @@ class PosixReader : public ObjectReader {
 class PosixBackend : public StorageBackend {
  public:
   PosixBackend(std::string root, PosixBackendOptions options)
-      : root_(std::move(root)), options_(std::move(options)), host_(HostName()) {
+      : root_(std::move(root)), options_(std::move(options)) {
     if (!options_.fs) options_.fs = std::make_shared<PosixFs>();
   }
 
@@ -296,9 +289,7 @@ class PosixBackend : public StorageBackend {
                     "object key \"" + std::string(key) + "\" uses the reserved temp prefix");
     CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, /*create=*/true));
     std::string dir_path = DirPath(k.dirs);
-    std::string tmp = std::string(kTempMarker) + k.base.substr(0, 100) + "." + host_ + "." +
-                      std::to_string(::getpid()) + "." + std::to_string(counter_.fetch_add(1)) +
-                      "." + Nonce();
+    std::string tmp = TempObjectName(k.base);
     int fd = fs().OpenAt(dir.get(), tmp.c_str(),
                          O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return ErrnoToStatus(errno, "create " + dir_path + "/" + tmp);
@@ -466,13 +457,6 @@ class PosixBackend : public StorageBackend {
     return p;
   }
 
-  static std::string Nonce() {
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
-    return buf;
-  }
-
   // Opens (creating it, and each missing parent, when `create`) the root.
   Result<UniqueFd> RootFd(bool create) const {
     int fd = fs().OpenAt(AT_FDCWD, root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
@@ -584,8 +568,6 @@ class PosixBackend : public StorageBackend {
 
   std::string root_;
   PosixBackendOptions options_;
-  std::string host_;
-  mutable std::atomic<uint64_t> counter_{0};
 };
 
 PosixFs& PosixWriter::fs() const { return backend_->fs(); }

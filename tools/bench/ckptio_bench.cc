@@ -171,6 +171,30 @@ struct RawNfs {
   }
 };
 
+// The tensors as a ckptio State (t0, t1, ...), referring to `tensors`.
+ckptio::State StateOf(std::vector<torch::Tensor>& tensors) {
+  ckptio::State state;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    state.items.emplace_back("t" + std::to_string(i), tensors[i]);
+  return state;
+}
+
+void CkptioSave(const std::string& store, const ckptio::State& state, std::vector<double>* t) {
+  auto ckpt = ckptio::Checkpointer::Open(store, ckptio::RankInfo{});
+  if (!ckpt.ok()) Die(ckpt.status().ToString());
+  t->push_back(Seconds([&] { Check((*ckpt)->Save(1, state), "ckptio save to " + store); }));
+}
+
+void CkptioLoad(const std::string& store, ckptio::State& state) {
+  auto ckpt = ckptio::Checkpointer::Open(store, ckptio::RankInfo{});
+  if (!ckpt.ok()) Die(ckpt.status().ToString());
+  ckptio::LoadOptions lo;
+  lo.map_location = ckptio::MapLocation::To("cpu");
+  auto loaded = (*ckpt)->Load(state, lo);
+  if (!loaded.ok() || !loaded->has_value())
+    Die("ckptio load from " + store + ": " + loaded.status().ToString());
+}
+
 std::string WithSub(const std::string& uri, const std::string& sub) {
   size_t q = uri.find('?');
   return q == std::string::npos ? uri + "/" + sub : uri.substr(0, q) + "/" + sub + uri.substr(q);
@@ -216,7 +240,6 @@ int main(int argc, char** argv) {
   out["size_mib"] = size_mib;
   out["repeat"] = repeat;
 
-  ckptio::RankInfo rank;
   for (const Shape& shape : shapes) {
     const std::vector<torch::Tensor> tensors = MakeTensors(shape);
     const double gib = static_cast<double>(shape.count * shape.elems * 4) / (1 << 30);
@@ -237,14 +260,8 @@ int main(int argc, char** argv) {
       const std::string store = dir + "/store";
       fs::remove_all(store);
       std::vector<torch::Tensor> mine = tensors;
-      ckptio::State state;
-      for (size_t i = 0; i < mine.size(); ++i)
-        state.items.emplace_back("t" + std::to_string(i), mine[i]);
-      {
-        auto ckpt = ckptio::Checkpointer::Open(store, rank);
-        if (!ckpt.ok()) Die(ckpt.status().ToString());
-        t["ckptio_save"].push_back(Seconds([&] { Check((*ckpt)->Save(1, state), "ckptio save"); }));
-      }
+      ckptio::State state = StateOf(mine);
+      CkptioSave(store, state, &t["ckptio_save"]);
       fs::remove(tpt);
       t["torch_save"].push_back(Seconds([&] {
         torch::save(tensors, tpt);
@@ -265,14 +282,7 @@ int main(int argc, char** argv) {
         }
         ::close(fd);
       };
-      auto ckptio_load = [&] {
-        auto ckpt = ckptio::Checkpointer::Open(store, rank);
-        if (!ckpt.ok()) Die(ckpt.status().ToString());
-        ckptio::LoadOptions lo;
-        lo.map_location = ckptio::MapLocation::To("cpu");
-        auto loaded = (*ckpt)->Load(state, lo);
-        if (!loaded.ok() || !loaded->has_value()) Die("ckptio load: " + loaded.status().ToString());
-      };
+      auto ckptio_load = [&] { CkptioLoad(store, state); };
       t["raw_read"].push_back(Seconds(raw_read));
       t["ckptio_load"].push_back(Seconds(ckptio_load));
       t["torch_load"].push_back(Seconds([&] {
@@ -294,25 +304,11 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeat; ++r) {
         t["nfs_raw_write"].push_back(Seconds([&] { nfs.Write("/" + sub + ".raw", tensors); }));
         std::vector<torch::Tensor> mine = tensors;
-        ckptio::State state;
-        for (size_t i = 0; i < mine.size(); ++i)
-          state.items.emplace_back("t" + std::to_string(i), mine[i]);
+        ckptio::State state = StateOf(mine);
         const std::string store = WithSub(nfs_uri, sub + "-" + std::to_string(r));
-        {
-          auto ckpt = ckptio::Checkpointer::Open(store, rank);
-          if (!ckpt.ok()) Die(ckpt.status().ToString());
-          t["nfs_ckptio_save"].push_back(
-              Seconds([&] { Check((*ckpt)->Save(1, state), "nfs save"); }));
-        }
+        CkptioSave(store, state, &t["nfs_ckptio_save"]);
         t["nfs_raw_read"].push_back(Seconds([&] { nfs.Read("/" + sub + ".raw", buf); }));
-        t["nfs_ckptio_load"].push_back(Seconds([&] {
-          auto ckpt = ckptio::Checkpointer::Open(store, rank);
-          if (!ckpt.ok()) Die(ckpt.status().ToString());
-          ckptio::LoadOptions lo;
-          lo.map_location = ckptio::MapLocation::To("cpu");
-          auto loaded = (*ckpt)->Load(state, lo);
-          if (!loaded.ok() || !loaded->has_value()) Die("nfs load: " + loaded.status().ToString());
-        }));
+        t["nfs_ckptio_load"].push_back(Seconds([&] { CkptioLoad(store, state); }));
       }
     }
     json& js = out["shapes"][shape.name];
