@@ -240,7 +240,8 @@ uint64_t Manifest::TotalBytes() const {
   return total;
 }
 
-std::string SerializeManifest(const Manifest& m) {
+namespace {
+json ManifestJson(const Manifest& m) {
   json objects = json::array();
   for (const auto& o : m.objects) {
     json chunks = json::array();
@@ -252,14 +253,18 @@ std::string SerializeManifest(const Manifest& m) {
                        {"chunks", std::move(chunks)}});
   }
   json tensors = json::array();
-  for (const auto& t : m.tensors)
+  for (const auto& t : m.tensors) {
+    // Sizes as the parser sees them in text: unsigned when not negative.
+    json shape = json::array();
+    for (int64_t d : t.shape) shape.push_back(d < 0 ? json(d) : json(static_cast<uint64_t>(d)));
     tensors.push_back({{"name", t.name},
                        {"object", t.object},
                        {"dtype", t.dtype},
-                       {"shape", t.shape},
+                       {"shape", std::move(shape)},
                        {"device", t.device},
                        {"offset", t.offset},
                        {"length", t.length}});
+  }
   json obj = {{"format", "ckptio-manifest"},
               {"version", m.format_version},
               {"step", m.step},
@@ -271,11 +276,11 @@ std::string SerializeManifest(const Manifest& m) {
               {"objects", std::move(objects)},
               {"tensors", std::move(tensors)},
               {"metadata", m.metadata}};
-  return Seal(std::move(obj));
+  return obj;
 }
 
-Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
-  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxManifestBytes));
+// A manifest from its JSON (without the checksum), checked as readers check it.
+Result<Manifest> ManifestFromJson(const json& obj, std::string_view where) {
   Fields f(obj, "", where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-manifest", kManifestFormatVersion, where));
   Manifest m;
@@ -341,6 +346,22 @@ Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
   }
   CKPTIO_RETURN_IF_ERROR(f.NoOthers());
   return m;
+}
+}  // namespace
+
+std::string SerializeManifest(const Manifest& m) { return Seal(ManifestJson(m)); }
+
+Result<std::string> SerializeCheckedManifest(const Manifest& m, std::string_view where) {
+  json obj = ManifestJson(m);
+  // The same checks ParseManifest makes, on the tree about to be written
+  // (cheaper than writing the text and parsing it back).
+  CKPTIO_RETURN_IF_ERROR(ManifestFromJson(obj, where).status());
+  return Seal(std::move(obj));
+}
+
+Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxManifestBytes));
+  return ManifestFromJson(obj, where);
 }
 
 Status ValidateMetadata(std::string_view key, std::string_view value) {

@@ -141,21 +141,23 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t
   return h;
 }
 
-Status CheckSafetensorsObject(CheckpointReader& reader, const std::string& object) {
-  const std::string where = "step " + std::to_string(reader.step()) + ", object " + object;
-  const ObjectEntry* entry = reader.manifest().Find(object);
+namespace {
+// Reads what `read(offset, n)` returns of the object's first bytes, and
+// checks its header against the manifest.
+template <typename ReadFn>
+Status CheckHeader(const Manifest& manifest, const std::string& object, ReadFn&& read) {
+  const std::string where = "step " + std::to_string(manifest.step) + ", object " + object;
+  const ObjectEntry* entry = manifest.Find(object);
   if (!entry) return Status(Code::kNotFound, where + ": no such object");
-  char first8[8];
   if (entry->size < 8) return Status(Code::kDataLoss, where + ": too short for a safetensors file");
-  CKPTIO_RETURN_IF_ERROR(reader.Read(object, 0, first8, 8));
-  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, SafetensorsHeaderSize({first8, 8}, entry->size, where));
-  std::string head(size, '\0');
-  CKPTIO_RETURN_IF_ERROR(reader.Read(object, 0, head.data(), size));
+  CKPTIO_ASSIGN_OR_RETURN(std::string first8, read(8));
+  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, SafetensorsHeaderSize(first8, entry->size, where));
+  CKPTIO_ASSIGN_OR_RETURN(std::string head, read(size));
   CKPTIO_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(head, entry->size, where));
   std::map<std::string, const TensorEntry*> in_header;
   for (const TensorEntry& t : h.tensors) in_header[t.name] = &t;
   size_t listed = 0;
-  for (const TensorEntry& m : reader.manifest().tensors) {
+  for (const TensorEntry& m : manifest.tensors) {
     if (m.object != object) continue;
     ++listed;
     auto it = in_header.find(m.name);
@@ -176,6 +178,25 @@ Status CheckSafetensorsObject(CheckpointReader& reader, const std::string& objec
                                        std::to_string(h.tensors.size()) +
                                        " tensors, the manifest lists " + std::to_string(listed));
   return OkStatus();
+}
+}  // namespace
+
+Status CheckSafetensorsObject(CheckpointReader& reader, const std::string& object) {
+  return CheckHeader(reader.manifest(), object, [&](uint64_t n) -> Result<std::string> {
+    std::string out(n, '\0');
+    CKPTIO_RETURN_IF_ERROR(reader.Read(object, 0, out.data(), n));
+    return out;
+  });
+}
+
+Status CheckSafetensorsObject(const Manifest& manifest, const std::string& object,
+                              std::string_view bytes) {
+  return CheckHeader(manifest, object, [&](uint64_t n) -> Result<std::string> {
+    if (n > bytes.size())
+      return Status(Code::kDataLoss, "step " + std::to_string(manifest.step) + ", object " +
+                                         object + ": shorter than the manifest records");
+    return std::string(bytes.substr(0, n));
+  });
 }
 
 }  // namespace ckptio

@@ -4,8 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -246,6 +250,74 @@ Result<std::string> CheckpointReader::ReadAll(std::string_view name) {
   return out;
 }
 
+namespace {
+class BufferView : public ObjectView {
+ public:
+  explicit BufferView(uint64_t size) : data_(new char[size]), size_(size) {}  // untouched
+  char* data() override { return data_.get(); }
+  uint64_t size() const override { return size_; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  uint64_t size_;
+};
+}  // namespace
+
+Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name,
+                                                           unsigned threads) {
+  CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
+  CKPTIO_ASSIGN_OR_RETURN(ObjectReader * reader, Open(*e));
+  const std::string where =
+      "store " + backend_->Uri() + ", step " + std::to_string(step()) + ", object " + e->name;
+  auto chunk_range = [&](uint64_t c) {
+    const uint64_t lo = c * e->chunk_size;
+    return std::make_pair(lo, std::min(e->chunk_size, e->size - lo));
+  };
+  auto mapped = reader->Map();
+  if (!mapped.ok() && mapped.status().code() != Code::kUnimplemented)
+    return mapped.status().WithContext(where);
+  if (!mapped.ok()) {
+    // No map: read chunk by chunk, hashing each while it is in cache.
+    auto view = std::make_shared<BufferView>(e->size);
+    for (uint64_t c = 0; c < e->chunks.size(); ++c) {
+      auto [lo, len] = chunk_range(c);
+      CKPTIO_RETURN_IF_ERROR(reader->ReadAt(lo, view->data() + lo, len).WithContext(where));
+      Hash128 got = HashBytes(view->data() + lo, len);
+      if (got != e->chunks[c]) return ChunkMismatch(*e, c, got);
+    }
+    return std::shared_ptr<ObjectView>(std::move(view));
+  }
+  std::shared_ptr<ObjectView> view = std::move(*mapped);
+  if (view->size() != e->size)
+    return Status(Code::kDataLoss, where + ": mapped " + std::to_string(view->size()) +
+                                       " bytes, the manifest records " + std::to_string(e->size));
+  // Chunks are handed out to the threads one by one; the lowest mismatching
+  // chunk is the one reported.
+  const uint64_t n = e->chunks.size();
+  if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  threads = static_cast<unsigned>(std::min<uint64_t>(threads, n));
+  std::atomic<uint64_t> next{0};
+  std::atomic<uint64_t> first_bad{n};
+  std::vector<Hash128> got(n);
+  auto work = [&] {
+    for (uint64_t c; (c = next.fetch_add(1)) < n;) {
+      auto [lo, len] = chunk_range(c);
+      got[c] = HashBytes(view->data() + lo, len);
+      if (got[c] != e->chunks[c]) {
+        uint64_t prev = first_bad.load();
+        while (c < prev && !first_bad.compare_exchange_weak(prev, c)) {
+        }
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back(work);
+  work();
+  for (auto& t : helpers) t.join();
+  if (first_bad.load() < n) return ChunkMismatch(*e, first_bad.load(), got[first_bad.load()]);
+  return view;
+}
+
 Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& progress) {
   CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
   CKPTIO_ASSIGN_OR_RETURN(ObjectReader * reader, Open(*e));
@@ -340,8 +412,71 @@ struct PendingCheckpoint::State {
   }
 };
 
+namespace {
+// Runs one I/O function at a time on a thread of its own (started on first
+// use) while the caller computes: a save hashes a buffer while the same
+// buffer is being written.
+class Overlap {
+ public:
+  ~Overlap() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Runs io() on the helper thread and compute() here; io's status once
+  // both have finished.
+  Status Run(const std::function<Status()>& io, const std::function<void()>& compute) {
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      io_ = &io;
+      done_ = false;
+    }
+    cv_.notify_all();
+    compute();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    return result_;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return quit_ || io_ != nullptr; });
+      if (io_ == nullptr) return;  // quit
+      const std::function<Status()>* io = io_;
+      lock.unlock();
+      Status s = (*io)();
+      lock.lock();
+      io_ = nullptr;
+      result_ = std::move(s);
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<Status()>* io_ = nullptr;
+  Status result_;
+  bool done_ = false;
+  bool quit_ = false;
+  std::thread thread_;
+};
+
+// Writes at least this large hash on the caller's thread while they are written.
+constexpr size_t kOverlapBytes = 1 << 20;
+}  // namespace
+
 struct ObjectStream::State {
   PendingCheckpoint::State* owner = nullptr;
+  Overlap overlap;
   std::unique_ptr<ObjectWriter> writer;
   ObjectEntry entry;
   Hasher whole;
@@ -373,27 +508,35 @@ Status ObjectStream::Write(const void* data, size_t size) {
   if (st.dead || st.closed)
     return Status(Code::kFailedPrecondition,
                   "object " + st.entry.name + " is closed or failed earlier");
-  const char* p = static_cast<const char*>(data);
-  const uint64_t cs = st.entry.chunk_size;
-  for (size_t left = size; left > 0;) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(left, cs - st.in_chunk));
-    st.chunk.Update(p + (size - left), n);
-    st.whole.Update(p + (size - left), n);  // while the piece is in cache
-    st.in_chunk += n;
-    left -= n;
-    if (st.in_chunk == cs) {
-      st.entry.chunks.push_back(st.chunk.Digest());
-      st.chunk.Reset();
-      st.in_chunk = 0;
-    }
-  }
-  st.entry.size += size;
-  if (st.entry.size > kMaxObjectBytes) {
+  if (st.entry.size + size > kMaxObjectBytes) {
     Status s(Code::kInvalidArgument, "exceeds 256 TiB");
     st.Die(s);
     return s;
   }
-  Status s = st.writer->Append(data, size);
+  auto hash = [&] {
+    const char* p = static_cast<const char*>(data);
+    const uint64_t cs = st.entry.chunk_size;
+    for (size_t left = size; left > 0;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(left, cs - st.in_chunk));
+      st.chunk.Update(p + (size - left), n);
+      st.whole.Update(p + (size - left), n);  // while the piece is in cache
+      st.in_chunk += n;
+      left -= n;
+      if (st.in_chunk == cs) {
+        st.entry.chunks.push_back(st.chunk.Digest());
+        st.chunk.Reset();
+        st.in_chunk = 0;
+      }
+    }
+  };
+  Status s;
+  if (size >= kOverlapBytes) {
+    s = st.overlap.Run([&] { return st.writer->Append(data, size); }, hash);
+  } else {
+    hash();
+    s = st.writer->Append(data, size);
+  }
+  st.entry.size += size;
   if (!s.ok()) st.Die(s);
   return s;
 }
@@ -501,13 +644,14 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
   m.saving_rank = core.options.saving_rank;
   m.created_unix_ms = NowUnixMs();
   m.writer = HostName() + ":" + std::to_string(::getpid());
-  const std::string bytes = SerializeManifest(m);
   // Never commit a manifest that readers would reject (e.g. a tensor entry
   // outside its object).
-  auto reparsed = ParseManifest(bytes, StepDirName(st.step) + "/" + std::string(kManifestName));
-  if (!reparsed.ok())
+  auto serialized =
+      SerializeCheckedManifest(m, StepDirName(st.step) + "/" + std::string(kManifestName));
+  if (!serialized.ok())
     return Status(Code::kInvalidArgument,
-                  what + ": the checkpoint is inconsistent: " + reparsed.status().message());
+                  what + ": the checkpoint is inconsistent: " + serialized.status().message());
+  const std::string& bytes = *serialized;
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   CKPTIO_RETURN_IF_ERROR(
       WriteSmall(backend, st.dir + std::string(kManifestName), bytes, WriteMode::kCreateExclusive)

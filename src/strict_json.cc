@@ -35,6 +35,45 @@ int JsonDepth(std::string_view text) {
   return max_depth;
 }
 
+// A SAX pass that finds the first key repeated within one object. (A parse
+// callback could do it too, but nlohmann's callback parser rescans the
+// parent object at every object's end: quadratic in a 10,000-tensor header.)
+class DuplicateKeyFinder : public nlohmann::json_sax<json> {
+ public:
+  std::string duplicate;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (!keys_.back().insert(k).second) {
+      duplicate = k;
+      return false;  // stop: the first one is enough
+    }
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  std::vector<std::set<std::string>> keys_;
+};
+
 }  // namespace
 
 Result<json> ParseStrictJson(std::string_view bytes, int max_depth, std::string_view where) {
@@ -46,26 +85,16 @@ Result<json> ParseStrictJson(std::string_view bytes, int max_depth, std::string_
                  " (torn or corrupt)");
   if (JsonDepth(bytes) > max_depth)
     return error("nests deeper than " + std::to_string(max_depth) + " levels");
-  std::vector<std::set<std::string>> keys;
-  std::string duplicate;
-  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      keys.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      if (!keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
   json obj;
   try {
-    obj = json::parse(bytes.begin(), bytes.end(), callback);
+    obj = json::parse(bytes.begin(), bytes.end());
   } catch (const json::exception& e) {
     return error(std::string("is not valid JSON (torn or corrupt): ") + e.what());
   }
-  if (!duplicate.empty()) return error("member \"" + Printable(duplicate) + "\" appears twice");
+  DuplicateKeyFinder finder;
+  json::sax_parse(bytes.begin(), bytes.end(), &finder);
+  if (!finder.duplicate.empty())
+    return error("member \"" + Printable(finder.duplicate) + "\" appears twice");
   return obj;
 }
 

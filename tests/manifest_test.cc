@@ -217,6 +217,34 @@ TEST(ManifestRoundTripTest, EveryFieldSurvives) {
   EXPECT_EQ(parsed->TotalBytes(), (10u << 20) + 123 + 5u * 4096);
 }
 
+TEST(ManifestRoundTripTest, CheckedSerializationWritesTheSameBytesOrRefuses) {
+  Manifest m = MakeManifest();
+  TensorEntry t;
+  t.name = "fc.weight";
+  t.object = "model.safetensors";
+  t.dtype = "F32";
+  t.shape = {16, 8};
+  t.device = "cuda:0";
+  t.offset = 4096;
+  t.length = 16 * 8 * 4;
+  m.tensors.push_back(t);
+  auto checked = SerializeCheckedManifest(m, kWhere);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, SerializeManifest(m));
+  // What the reader would reject, the writer refuses: a tensor past the
+  // end of its object, a shape that does not match the length.
+  Manifest outside = m;
+  outside.tensors[0].offset = outside.Find(outside.tensors[0].object)->size;
+  ASSERT_FALSE(ParseManifest(SerializeManifest(outside), kWhere).ok());
+  auto refused = SerializeCheckedManifest(outside, kWhere);
+  EXPECT_EQ(refused.status().code(), Code::kDataLoss);
+  EXPECT_NE(refused.status().message().find("tensors[0]"), std::string::npos) << refused.status();
+  Manifest reshaped = m;
+  reshaped.tensors[0].shape.push_back(3);
+  ASSERT_FALSE(ParseManifest(SerializeManifest(reshaped), kWhere).ok());
+  EXPECT_FALSE(SerializeCheckedManifest(reshaped, kWhere).ok());
+}
+
 TEST(ManifestRoundTripTest, EmptyManifestAndExtremeValues) {
   Manifest empty;
   empty.generation = 1;

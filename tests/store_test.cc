@@ -2,6 +2,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
 #include "test_util.h"
@@ -257,6 +259,108 @@ TEST_F(StoreTest, ReadOfATruncatedObjectIsDataLossAndZeroesTheBuffer) {
   EXPECT_NE(s.message().find("step 1"), std::string::npos) << s;
   EXPECT_EQ(buf, std::string(100, '\0'));
 }
+
+// Forwards to a backend but cannot map objects: views take the buffer path.
+class NoMapBackend : public StorageBackend {
+ public:
+  explicit NoMapBackend(std::shared_ptr<StorageBackend> inner) : inner_(std::move(inner)) {}
+  std::string Uri() const override { return inner_->Uri(); }
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    return inner_->NewObject(key, mode);
+  }
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    struct Reader : ObjectReader {
+      std::unique_ptr<ObjectReader> inner;
+      uint64_t Size() const override { return inner->Size(); }
+      Status ReadAt(uint64_t offset, void* buf, size_t size) override {
+        return inner->ReadAt(offset, buf, size);
+      }
+    };
+    CKPTIO_ASSIGN_OR_RETURN(auto inner, inner_->OpenObject(key));
+    auto r = std::make_unique<Reader>();
+    r->inner = std::move(inner);
+    return std::unique_ptr<ObjectReader>(std::move(r));
+  }
+  Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
+  Result<std::vector<std::string>> List(std::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+  Status Delete(std::string_view key) override { return inner_->Delete(key); }
+
+ private:
+  std::shared_ptr<StorageBackend> inner_;
+};
+
+// View on the POSIX backend (a private memory map) and on one that cannot
+// map (a buffer read through ReadAt): the same guarantees.
+class ViewTest : public StoreTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  std::unique_ptr<CheckpointReader> Open(int64_t step) {
+    std::unique_ptr<Store> store;
+    if (GetParam()) {
+      auto posix = NewPosixBackend(dir_.Sub("store"));
+      EXPECT_TRUE(posix.ok()) << posix.status();
+      store = std::make_unique<Store>(
+          std::make_shared<NoMapBackend>(std::shared_ptr<StorageBackend>(std::move(*posix))));
+    } else {
+      store = std::move(*OpenStore(dir_.Sub("store")));
+    }
+    auto r = store->OpenStep(step);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+};
+
+TEST_P(ViewTest, HoldsEveryVerifiedByteAndOutlivesTheReader) {
+  auto w = Writer();
+  const std::string big = RandomBytes((9 << 20) + 123, 4);  // 3 chunks
+  ASSERT_TRUE(Save(*w, 1, {{"big", big}, {"empty", ""}}).ok());
+  auto r = Open(1);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto view, r->View("big", 3));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto empty, r->View("empty"));
+  r.reset();
+  ASSERT_EQ(view->size(), big.size());
+  EXPECT_TRUE(std::string_view(view->data(), view->size()) == big);
+  EXPECT_EQ(empty->size(), 0u);
+}
+
+TEST_P(ViewTest, ACorruptChunkIsDataLossNamingTheLowestBadChunk) {
+  auto w = Writer();
+  const std::string big = RandomBytes((13 << 20), 5);  // 4 chunks
+  ASSERT_TRUE(Save(*w, 1, {{"big", big}}).ok());
+  const std::string path = dir_.Sub("store/step-000000000001/big");
+  testing::FlipBit(path, (11 << 20) + 7, 3);  // chunk 2
+  testing::FlipBit(path, (13 << 20) - 1, 0);  // chunk 3
+  for (unsigned threads : {1u, 2u, 4u}) {
+    auto view = Open(1)->View("big", threads);
+    ASSERT_EQ(view.status().code(), Code::kDataLoss) << threads << " threads";
+    EXPECT_NE(view.status().message().find("bytes [8388608, 12582912) (chunk 2 of 4)"),
+              std::string::npos)
+        << view.status();
+  }
+}
+
+TEST_P(ViewTest, WritingToAViewNeverChangesTheObject) {
+  auto w = Writer();
+  const std::string bytes = RandomBytes(5 << 20, 6);
+  ASSERT_TRUE(Save(*w, 1, {{"a", bytes}}).ok());
+  auto r = Open(1);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto view, r->View("a"));
+  std::memset(view->data(), 0x5a, view->size());
+  CKPTIO_EXPECT_OK(r->Verify());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto again, Open(1)->View("a"));
+  EXPECT_TRUE(std::string_view(again->data(), again->size()) == bytes);
+}
+
+TEST_P(ViewTest, ATruncatedObjectIsDataLoss) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", RandomBytes(100000, 7)}}).ok());
+  ASSERT_EQ(::truncate(dir_.Sub("store/step-000000000001/a").c_str(), 50000), 0);
+  EXPECT_EQ(Open(1)->View("a").status().code(), Code::kDataLoss);
+}
+
+INSTANTIATE_TEST_SUITE_P(MapAndBuffer, ViewTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Buffer" : "Map"; });
 
 TEST_F(StoreTest, RetentionNeverDeletesTheStepJustSaved) {
   WriterOptions o;

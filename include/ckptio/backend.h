@@ -67,6 +67,16 @@ class ObjectWriter {
   virtual Status Commit() = 0;
 };
 
+// The bytes of a whole object in memory: a private memory map or a buffer,
+// owned by the view and released with it. Writable; writes change only the
+// view (a map is copy-on-write), never the object.
+class ObjectView {
+ public:
+  virtual ~ObjectView() = default;
+  virtual char* data() = 0;
+  virtual uint64_t size() const = 0;
+};
+
 // Reads one committed object. Not thread-safe.
 class ObjectReader {
  public:
@@ -76,6 +86,14 @@ class ObjectReader {
   // Fills buf with exactly `size` bytes starting at `offset`. Reading past
   // the end is DataLoss (a short object is a torn object).
   virtual Status ReadAt(uint64_t offset, void* buf, size_t size) = 0;
+  // Maps the whole object privately (copy-on-write) with its pages read in,
+  // so touching them costs no I/O while they stay cached. The map outlives
+  // the reader. Unimplemented where the backend cannot map (callers then
+  // use ReadAt). Pages the kernel evicts are read again from storage on
+  // the next touch: callers verify what they map before they use it.
+  virtual Result<std::unique_ptr<ObjectView>> Map() {
+    return Status(Code::kUnimplemented, "this backend cannot map objects");
+  }
 };
 
 // An exclusive lock held until the object is destroyed.

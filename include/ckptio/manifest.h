@@ -102,6 +102,9 @@ struct Manifest {
 
 // Serialises and seals. The manifest must be valid (the writer builds it).
 std::string SerializeManifest(const Manifest& manifest);
+// Serialises and seals a manifest after checking it exactly as
+// ParseManifest checks what it reads (DataLoss naming `where` otherwise).
+Result<std::string> SerializeCheckedManifest(const Manifest& manifest, std::string_view where);
 
 // Parses and checks everything above. `where` names the file in errors.
 Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where);

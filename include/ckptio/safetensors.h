@@ -46,6 +46,9 @@ class CheckpointReader;
 // manifest's tensor entries for it name exactly the header's tensors with
 // the same dtype, shape and byte range. DataLoss on any disagreement.
 Status CheckSafetensorsObject(CheckpointReader& reader, const std::string& object);
+// The same check on the object's bytes, already verified (CheckpointReader::View).
+Status CheckSafetensorsObject(const Manifest& manifest, const std::string& object,
+                              std::string_view bytes);
 
 }  // namespace ckptio
 

@@ -84,6 +84,13 @@ class CheckpointReader {
   // The whole object, verified chunk by chunk and as a whole.
   Result<std::string> ReadAll(std::string_view name);
 
+  // The whole object in memory with every chunk verified (on up to
+  // `threads` threads; 0: one per core, at most 4): a private copy-on-write
+  // memory map where the backend can make one, else a buffer read through
+  // ReadAt. The view is the caller's and outlives the reader. Errors as
+  // Read (nothing is returned on a mismatch).
+  Result<std::shared_ptr<ObjectView>> View(std::string_view name, unsigned threads = 0);
+
   // Reads and checks every chunk and the whole-object hash of `name`.
   Status VerifyObject(std::string_view name, const ProgressFn& progress = {});
   // VerifyObject for every object; the first error.

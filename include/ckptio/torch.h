@@ -20,6 +20,12 @@
 // Loading is all or nothing: every byte is verified and every tensor staged
 // (on its target device) before the first module, optimizer or tensor of the
 // caller changes; an optimizer whose archive does not fit is restored.
+// Each object is read once per load: mapped privately (copy-on-write) on
+// local file systems, read into one buffer elsewhere, and verified chunk by
+// chunk on every core. A module parameter already on the target device with
+// the saved dtype and shape is filled in place (no new memory); other CPU
+// tensors share the verified map, so writing to them copies the touched
+// pages and never changes the checkpoint.
 #ifndef CKPTIO_TORCH_H_
 #define CKPTIO_TORCH_H_
 
@@ -42,6 +48,10 @@
 #include "ckptio/store.h"
 
 namespace ckptio {
+
+namespace internal {
+struct OpenedStep;
+}  // namespace internal
 
 // One named piece of training state. Holds a reference: the object must
 // outlive the State.
@@ -174,7 +184,8 @@ class Checkpointer {
  private:
   Checkpointer() = default;
   Status ConfirmCommitted(int64_t step);
-  Result<std::optional<LoadResult>> Decide(const LoadOptions& options);
+  Result<std::optional<LoadResult>> Decide(const LoadOptions& options,
+                                           std::unique_ptr<internal::OpenedStep>* verified);
 
   RankInfo rank_;
   CheckpointerOptions options_;
@@ -198,6 +209,13 @@ Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
 // Reads tensor `name` of `object` from a verified checkpoint onto `device`.
 Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
                                  torch::Device device);
+
+// Tensor `entry` of a verified object view (CheckpointReader::View) on
+// `device`. On the CPU the tensor shares the view's memory (copy-on-write
+// for a memory map: writing to the tensor never changes the checkpoint) and
+// keeps the view alive; elsewhere it is a copy.
+Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
+                                     const TensorEntry& entry, torch::Device device);
 
 // One-line adoption, mirroring torch::save / torch::load: save commits the
 // next step of the store at `uri` (single process), load reads the newest

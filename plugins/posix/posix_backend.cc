@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -233,11 +234,53 @@ class PosixWriter : public ObjectWriter {
   bool committed_ = false;
 };
 
+// A private, copy-on-write map of a whole file.
+class PosixMap : public ObjectView {
+ public:
+  PosixMap(void* addr, uint64_t size) : addr_(addr), size_(size) {}
+  ~PosixMap() override {
+    if (size_ > 0) ::munmap(addr_, size_);
+  }
+  char* data() override { return static_cast<char*>(addr_); }
+  uint64_t size() const override { return size_; }
+
+ private:
+  void* addr_;
+  uint64_t size_;
+};
+
 class PosixReader : public ObjectReader {
  public:
   PosixReader(UniqueFd fd, uint64_t size, std::string path)
       : fd_(std::move(fd)), size_(size), path_(std::move(path)) {}
   uint64_t Size() const override { return size_; }
+  Result<std::unique_ptr<ObjectView>> Map() override {
+    if (size_ == 0) return std::unique_ptr<ObjectView>(new PosixMap(nullptr, 0));
+    // Writable but private: tensors made from the map may be written to
+    // without touching the file (each written page is copied then).
+    void* addr = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_.get(), 0);
+    if (addr == MAP_FAILED) return ErrnoToStatus(errno, "mmap " + path_);
+      // Read the pages in and map them, without breaking copy-on-write (which
+      // MAP_POPULATE would do on a writable private map). Older kernels lack
+      // MADV_POPULATE_READ: then the pages come in on first touch.
+#ifndef MADV_POPULATE_READ
+    constexpr int MADV_POPULATE_READ = 22;
+#endif
+    if (::madvise(addr, size_, MADV_POPULATE_READ) != 0) {
+      const int err = errno;
+      if (err != EINVAL) {
+        ::munmap(addr, size_);
+        // EFAULT: the file is shorter than when it was opened.
+        return err == EFAULT
+                   ? Status(Code::kDataLoss, path_ + ": shorter than " + std::to_string(size_) +
+                                                 " bytes while being mapped")
+                   : ErrnoToStatus(err, "madvise " + path_);
+      }
+      ::madvise(addr, size_, MADV_WILLNEED);
+    }
+    return std::unique_ptr<ObjectView>(new PosixMap(addr, size_));
+  }
+
   Status ReadAt(uint64_t offset, void* buf, size_t size) override {
     if (offset > size_ || size > size_ - offset)
       return Status(Code::kDataLoss, path_ + ": read of " + std::to_string(size) +

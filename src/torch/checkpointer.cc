@@ -1,4 +1,5 @@
 // Checkpointer: rank-0 saves, waiting ranks, agreed loads.
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -93,11 +94,44 @@ Status SaveItems(PendingCheckpoint& pending, const State& state) {
 
 // Everything a load will apply, prepared without touching the caller's state.
 struct Staged {
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;       // (target, loaded)
-  std::vector<std::pair<torch::optim::Optimizer*, std::string>> optimizers;  // verified bytes
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;  // (target, loaded)
+  std::vector<std::pair<torch::optim::Optimizer*, std::shared_ptr<ObjectView>>> optimizers;
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> tensors;
   std::map<std::string, std::string> metadata;
 };
+
+}  // namespace
+
+// A step opened for loading: each object is viewed (read or mapped, and
+// verified) once, however many tensors come from it.
+struct internal::OpenedStep {
+  std::unique_ptr<CheckpointReader> reader;
+  std::map<std::string, std::shared_ptr<ObjectView>, std::less<>> views;
+
+  // The verified view of `object`; for a tensor file, its safetensors header
+  // checked against the manifest too.
+  Result<std::shared_ptr<ObjectView>> View(const std::string& object) {
+    auto it = views.find(object);
+    if (it != views.end()) return it->second;
+    CKPTIO_ASSIGN_OR_RETURN(auto view, reader->View(object));
+    const Manifest& m = reader->manifest();
+    if (std::any_of(m.tensors.begin(), m.tensors.end(),
+                    [&](const TensorEntry& t) { return t.object == object; }))
+      CKPTIO_RETURN_IF_ERROR(CheckSafetensorsObject(
+          m, object, std::string_view(view->data(), static_cast<size_t>(view->size()))));
+    return views.emplace(object, std::move(view)).first->second;
+  }
+
+  // Every object: what deciding that a step is good takes.
+  Status ViewAll() {
+    for (const auto& o : reader->manifest().objects) CKPTIO_RETURN_IF_ERROR(View(o.name).status());
+    return OkStatus();
+  }
+};
+
+namespace {
+
+using internal::OpenedStep;
 
 std::string ShapeStr(const std::vector<int64_t>& s) {
   std::string out = "[";
@@ -107,10 +141,11 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 
 // Stages the tensors `wanted` (name -> live tensor) from `object`: every
 // name present with the same dtype and shape, nothing extra.
-Status StageTensors(CheckpointReader& reader, const std::string& object, const std::string& what,
+Status StageTensors(OpenedStep& opened, const std::string& object, const std::string& what,
                     const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
                     const MapLocation& map, const RankInfo& rank, std::vector<torch::Tensor>* out) {
-  CKPTIO_RETURN_IF_ERROR(CheckSafetensorsObject(reader, object));
+  CheckpointReader& reader = *opened.reader;
+  CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(object));
   std::map<std::string, const TensorEntry*> saved;
   for (const auto& t : reader.manifest().tensors)
     if (t.object == object) saved[t.name] = &t;
@@ -127,7 +162,7 @@ Status StageTensors(CheckpointReader& reader, const std::string& object, const s
                                                 ShapeStr(e.shape) + " in the checkpoint but " +
                                                 ShapeStr(live.sizes().vec()) + " in the model");
     CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(e.device, rank));
-    CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, ReadTensor(reader, e, device));
+    CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, e, device));
     if (t.scalar_type() != live.scalar_type())
       return Status(Code::kInvalidArgument,
                     where + ": tensor \"" + name + "\" is " +
@@ -143,8 +178,9 @@ Status StageTensors(CheckpointReader& reader, const std::string& object, const s
   return OkStatus();
 }
 
-Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& map,
+Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
                      const RankInfo& rank) {
+  CheckpointReader& reader = *opened.reader;
   Staged staged;
   const auto& meta = reader.manifest().metadata;
   auto kind_of = [&](const std::string& name) -> std::string {
@@ -168,7 +204,7 @@ Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& 
         auto live = ModuleTensors(item.module());
         std::vector<torch::Tensor> loaded;
         CKPTIO_RETURN_IF_ERROR(Guard("loading module " + name, [&] {
-          return StageTensors(reader, ModuleObject(name), "module " + name, live, map, rank,
+          return StageTensors(opened, ModuleObject(name), "module " + name, live, map, rank,
                               &loaded);
         }));
         for (size_t i = 0; i < live.size(); ++i)
@@ -177,7 +213,7 @@ Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& 
       }
       case StateItem::Kind::kOptimizer: {
         if (kind.rfind("optimizer", 0) != 0) return Status(Code::kInvalidArgument, missing);
-        CKPTIO_ASSIGN_OR_RETURN(std::string bytes, reader.ReadAll(OptimizerObject(name)));
+        CKPTIO_ASSIGN_OR_RETURN(auto bytes, opened.View(OptimizerObject(name)));
         staged.optimizers.emplace_back(&item.optimizer(), std::move(bytes));
         break;
       }
@@ -191,7 +227,7 @@ Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& 
   if (!loose_wanted.empty()) {
     // Loose tensors take the saved shape and dtype, whatever the target
     // held before (like torch::load of a tensor).
-    CKPTIO_RETURN_IF_ERROR(CheckSafetensorsObject(reader, kTensorsObject));
+    CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(kTensorsObject));
     std::map<std::string, const TensorEntry*> saved;
     for (const auto& t : reader.manifest().tensors)
       if (t.object == kTensorsObject) saved[t.name] = &t;
@@ -201,7 +237,7 @@ Result<Staged> Stage(CheckpointReader& reader, State& state, const MapLocation& 
         return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) + ": tensor \"" +
                                            loose_wanted[i].first + "\" is listed but not stored");
       CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(it->second->device, rank));
-      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, ReadTensor(reader, *it->second, device));
+      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, *it->second, device));
       staged.tensors.emplace_back(loose_targets[i], t);
     }
   }
@@ -226,7 +262,7 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
       backups.emplace_back(opt, backup.str());
       CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(DeviceOf(*opt), rank));
       torch::serialize::InputArchive in;
-      in.load_from(bytes.data(), bytes.size(), device);
+      in.load_from(bytes->data(), static_cast<size_t>(bytes->size()), device);
       opt->load(in);
       return OkStatus();
     });
@@ -245,7 +281,15 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
     }
   }
   torch::NoGradGuard no_grad;
-  for (auto& [target, loaded] : staged.module_tensors) target.set_data(loaded);
+  for (auto& [target, loaded] : staged.module_tensors) {
+    // Into the module's own memory where it already has the right place:
+    // no fresh allocation, and the parameter keeps its storage.
+    if (target.device() == loaded.device() && target.dtype() == loaded.dtype() &&
+        target.sizes() == loaded.sizes())
+      target.copy_(loaded);
+    else
+      target.set_data(loaded);
+  }
   for (auto& [target, loaded] : staged.tensors) *target = loaded;
   state.metadata = std::move(staged.metadata);
   return OkStatus();
@@ -361,8 +405,10 @@ Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const S
 }
 
 // Rank 0 picks the step (newest that verifies, or the one asked for) and
-// publishes it; every rank gets the same answer, errors included.
-Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& options) {
+// publishes it; every rank gets the same answer, errors included. Rank 0
+// keeps the step it verified in *verified, so the load reads it only once.
+Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& options,
+                                                       std::unique_ptr<OpenedStep>* verified) {
   const std::string name = "load-" + std::to_string(++load_seq_);
   json decision;
   if (rank_.rank == 0) {
@@ -383,9 +429,17 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
       }
       json skipped = json::array();
       for (int64_t step : candidates) {
+        auto opened = std::make_unique<OpenedStep>();
         auto reader = store_->OpenStep(step);
-        Status v = reader.ok() ? (*reader)->Verify() : reader.status();
-        if (v.ok()) return {{"step", step}, {"skipped", skipped}};
+        Status v = reader.status();
+        if (reader.ok()) {
+          opened->reader = std::move(*reader);
+          v = opened->ViewAll();
+        }
+        if (v.ok()) {
+          *verified = std::move(opened);
+          return {{"step", step}, {"skipped", skipped}};
+        }
         if (v.code() != Code::kDataLoss || options.step)
           return {{"code", static_cast<int>(v.code())}, {"message", v.message()}};
         // The decision travels as one small record: keep it bounded (the
@@ -422,7 +476,8 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
 
 Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOptions& options) {
   const std::string what = rank_.ToString() + ": load";
-  auto decided = Decide(options);
+  std::unique_ptr<OpenedStep> opened;
+  auto decided = Decide(options, &opened);
   if (!decided.ok()) return decided.status().WithContext(what);
   if (!decided->has_value()) return decided;
   const LoadResult& r = **decided;
@@ -430,11 +485,15 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
     std::cerr << "ckptio: WARNING: " << rank_.ToString() << ": step " << step
               << " failed verification and is skipped; loading step " << r.step << " instead ("
               << why << ")\n";
-  auto reader = store_->OpenStep(r.step);
-  if (!reader.ok()) return reader.status().WithContext(what);
+  if (!opened) {  // not rank 0: open the step rank 0 chose
+    auto reader = store_->OpenStep(r.step);
+    if (!reader.ok()) return reader.status().WithContext(what);
+    opened = std::make_unique<OpenedStep>();
+    opened->reader = std::move(*reader);
+  }
   Staged staged;
   Status s = Guard(what, [&]() -> Status {
-    CKPTIO_ASSIGN_OR_RETURN(staged, Stage(**reader, state, options.map_location, rank_));
+    CKPTIO_ASSIGN_OR_RETURN(staged, Stage(*opened, state, options.map_location, rank_));
     return OkStatus();
   });
   if (!s.ok()) return s.WithContext(what + " of step " + std::to_string(r.step));
@@ -479,7 +538,9 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
     if (it->state != StepState::kCommitted) continue;
     auto reader = store->OpenStep(it->step);
     if (!reader.ok()) return reader.status();
-    Status v = (*reader)->Verify();
+    OpenedStep opened;
+    opened.reader = std::move(*reader);
+    Status v = opened.ViewAll();
     if (v.code() == Code::kDataLoss) {
       std::cerr << "ckptio: WARNING: step " << it->step << " failed verification and is skipped ("
                 << v.message() << ")\n";
@@ -490,7 +551,7 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
     MapLocation map = MapLocation::To(device);
     Staged staged;
     CKPTIO_RETURN_IF_ERROR(Guard("load from " + store->uri(), [&]() -> Status {
-      CKPTIO_ASSIGN_OR_RETURN(staged, Stage(**reader, state, map, Single()));
+      CKPTIO_ASSIGN_OR_RETURN(staged, Stage(opened, state, map, Single()));
       return OkStatus();
     }));
     return Apply(staged, state, map, Single());

@@ -124,6 +124,41 @@ Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& en
   }
 }
 
+Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
+                                     const TensorEntry& entry, torch::Device device) {
+  auto type = TypeOf(entry.dtype);
+  if (!type)
+    return Status(Code::kDataLoss, "tensor " + entry.name + " has unknown dtype " + entry.dtype);
+  const auto options = torch::TensorOptions().dtype(*type);
+  int64_t numel = 1;
+  for (int64_t d : entry.shape) numel *= d;
+  const uint64_t element = c10::elementSize(*type);
+  if (entry.length != static_cast<uint64_t>(numel) * element)
+    return Status(Code::kDataLoss, "tensor " + entry.name + ": manifest length " +
+                                       std::to_string(entry.length) + " does not match its shape");
+  if (entry.offset > view->size() || entry.length > view->size() - entry.offset)
+    return Status(Code::kDataLoss, "tensor " + entry.name + " lies outside its object");
+  char* data = view->data() + entry.offset;
+  torch::Tensor cpu;
+  if (entry.length == 0) {
+    cpu = torch::empty(entry.shape, options);
+  } else if (reinterpret_cast<uintptr_t>(data) % element != 0) {
+    cpu = torch::empty(entry.shape, options);  // misaligned for its type: copy
+    std::memcpy(cpu.data_ptr(), data, entry.length);
+  } else {
+    // Shares the view's memory, and keeps the view alive while it is used.
+    cpu = torch::from_blob(
+        data, entry.shape, [view](void*) {}, options);
+  }
+  if (device.is_cpu()) return cpu;
+  try {
+    return cpu.to(device);
+  } catch (const c10::Error& e) {
+    return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
+                                                 ": " + e.what_without_backtrace());
+  }
+}
+
 // ------------------------------------------------------------- map_location
 
 namespace {

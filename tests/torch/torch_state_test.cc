@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/ckptio.h"
+#include "ckptio/posix_backend.h"
 #include "ckptio/torch.h"
 #include "test_util.h"
 
@@ -166,6 +167,69 @@ TEST(TorchStateTest, ModuleOptimizerAndMetadataRoundTrip) {
       covered += it.value()["data_offsets"][1].get<uint64_t>() -
                  it.value()["data_offsets"][0].get<uint64_t>();
   EXPECT_EQ(8 + n + covered, bytes.size());
+}
+
+TEST(TorchStateTest, ModuleLoadCopiesIntoTheParametersOwnMemory) {
+  TempDir dir;
+  Net net;
+  State state{{"model", net}};
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  auto snap = Snapshot(net);
+  torch::manual_seed(5);
+  Net net2;
+  std::vector<void*> before;
+  for (const auto& p : net2.parameters()) before.push_back(p.data_ptr());
+  State into{{"model", net2}};
+  ASSERT_TRUE(ckpt->Load(into).ok());
+  EXPECT_TRUE(SameAs(net2, snap));
+  std::vector<void*> after;
+  for (const auto& p : net2.parameters()) after.push_back(p.data_ptr());
+  EXPECT_EQ(before, after) << "parameters keep their storage (no fresh allocation)";
+}
+
+TEST(TorchStateTest, WritingToLoadedTensorsNeverChangesTheCheckpoint) {
+  // Loaded CPU tensors share a private map of the tensor file: writes to
+  // them must stay in the process.
+  TempDir dir;
+  torch::Tensor t = torch::arange(1 << 20, torch::kFloat32);  // 4 MiB
+  const torch::Tensor original = t.clone();
+  State state{{"t", t}};
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  for (int round = 0; round < 2; ++round) {
+    torch::Tensor back;
+    State into{{"t", back}};
+    ASSERT_TRUE(ckpt->Load(into).ok());
+    ASSERT_TRUE(BitEqual(back, original)) << "round " << round;
+    back.mul_(-3).add_(1);  // every page written
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, ckpt->store().OpenStep(1));
+  CKPTIO_EXPECT_OK(reader->Verify());
+}
+
+TEST(TorchStateTest, LoadsThroughABackendThatCannotMap) {
+  // RecordingBackend forwards reads but not Map(): tensors come from a
+  // verified buffer instead.
+  TempDir dir;
+  Net net;
+  torch::Tensor loose = torch::randn({3, 5}, torch::kFloat64);
+  State state{{"model", net}, {"loose", loose}};
+  auto posix = NewPosixBackend(dir.Sub("store"));
+  ASSERT_TRUE(posix.ok());
+  CheckpointerOptions o;
+  o.backend = std::make_shared<testing::RecordingBackend>(
+      std::shared_ptr<StorageBackend>(std::move(*posix)));
+  auto ckpt = OpenCkpt(dir.Sub("store"), o);
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  auto snap = Snapshot(net);
+  torch::manual_seed(6);
+  Net net2;
+  torch::Tensor loose2;
+  State into{{"model", net2}, {"loose", loose2}};
+  ASSERT_TRUE(ckpt->Load(into).ok());
+  EXPECT_TRUE(SameAs(net2, snap));
+  EXPECT_TRUE(BitEqual(loose2, loose));
 }
 
 TEST(TorchStateTest, ManifestRecordsEveryTensor) {
