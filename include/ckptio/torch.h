@@ -33,6 +33,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -51,6 +52,8 @@ namespace ckptio {
 
 namespace internal {
 struct OpenedStep;
+struct AsyncSave;
+struct SavePlan;
 }  // namespace internal
 
 // One named piece of training state. Holds a reference: the object must
@@ -129,6 +132,10 @@ struct CheckpointerOptions {
   // Use this backend instead of the one the URI names (fault injection,
   // sync-point hooks); the URI is then only used in messages.
   std::shared_ptr<StorageBackend> backend;
+  // SaveAsync keeps this much host memory at most for staged tensor copies
+  // (kept between saves; pinned when CUDA tensors are saved). A state
+  // whose tensors need more is saved synchronously instead, with a warning.
+  uint64_t max_staging_bytes = uint64_t{4} << 30;
 };
 
 struct LoadOptions {
@@ -175,6 +182,17 @@ class Checkpointer {
   };
   Result<Ticket> SaveNonBlocking(int64_t step, const State& state);
 
+  // Rank 0: copies the state's tensors into staging memory that is reused
+  // from save to save, and archives its optimizers into memory, then
+  // writes and commits on a background thread; returns as soon as the copy
+  // is done, so training may change the state at once. The future holds
+  // what Save would have returned. Other ranks: the future resolves when
+  // the step is committed. One save is in flight at a time: every later
+  // call of Save, SaveAsync, SaveNonBlocking or Load first waits for it and
+  // returns its error if it failed (once). The destructor waits for it.
+  // Not for use from several threads at once, like every other method.
+  std::future<Status> SaveAsync(int64_t step, const State& state);
+
   // Loads into `state` on every rank: the step rank 0 chose (the newest
   // that verifies, falling back loudly), or options.step. nullopt when the
   // store holds no checkpoint yet (a fresh start); an error, the same on
@@ -182,8 +200,11 @@ class Checkpointer {
   Result<std::optional<LoadResult>> Load(State& state, const LoadOptions& options = {});
 
  private:
-  Checkpointer() = default;
+  Checkpointer();
   Status ConfirmCommitted(int64_t step);
+  // Waits for an in-flight SaveAsync; its error, the first time only.
+  Status FinishAsync();
+  Status SaveNow(int64_t step, const internal::SavePlan& plan);
   Result<std::optional<LoadResult>> Decide(const LoadOptions& options,
                                            std::unique_ptr<internal::OpenedStep>* verified);
 
@@ -193,6 +214,7 @@ class Checkpointer {
   std::unique_ptr<StoreWriter> writer_;  // rank 0 only
   std::unique_ptr<Coordinator> coordinator_;
   uint64_t load_seq_ = 0;
+  std::unique_ptr<internal::AsyncSave> async_;  // last: joined first
 };
 
 // Coordination through a c10d::Store (WaitMode::kStore).

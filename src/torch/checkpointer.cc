@@ -1,7 +1,10 @@
 // Checkpointer: rank-0 saves, waiting ranks, agreed loads.
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "ckptio/backends.h"
 #include "ckptio/safetensors.h"
@@ -9,7 +12,27 @@
 
 namespace ckptio {
 
+// What a save writes, planned before anything is written: the tensor
+// objects, the optimizers (live, streamed at write time, or archived into
+// memory for an asynchronous save) and the metadata.
+namespace internal {
+struct SavePlan {
+  struct TensorObject {
+    std::string item;    // for messages
+    std::string object;  // e.g. "model.safetensors"
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    std::vector<std::string> devices;  // the devices saved from, same order
+  };
+  std::vector<TensorObject> tensor_objects;
+  std::vector<std::pair<std::string, const torch::optim::Optimizer*>> optimizers;  // object, live
+  std::vector<std::pair<std::string, std::string>> archives;  // object, archived bytes
+  std::map<std::string, std::string> metadata;
+};
+}  // namespace internal
+
 namespace {
+
+using internal::SavePlan;
 
 using json = nlohmann::json;
 
@@ -47,48 +70,98 @@ std::string DeviceOf(const torch::optim::Optimizer& o) {
   return "cpu";
 }
 
-Status SaveItems(PendingCheckpoint& pending, const State& state) {
-  std::vector<std::pair<std::string, torch::Tensor>> loose;
+SavePlan Plan(const State& state) {
+  SavePlan plan;
+  SavePlan::TensorObject loose{"tensors", kTensorsObject, {}, {}};
+  auto add = [](SavePlan::TensorObject& to, std::vector<std::pair<std::string, torch::Tensor>> ts) {
+    for (auto& [name, t] : ts) {
+      to.devices.push_back(t.defined() ? t.device().str() : "cpu");
+      to.tensors.emplace_back(std::move(name), std::move(t));
+    }
+  };
   for (const StateItem& item : state.items) {
     const std::string& name = item.name();
     switch (item.kind()) {
-      case StateItem::Kind::kModule:
-        CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(kItemPrefix + name, "module"));
-        CKPTIO_RETURN_IF_ERROR(Guard("saving module " + name, [&] {
-          return WriteSafetensors(pending, ModuleObject(name), ModuleTensors(item.module()));
-        }));
-        break;
-      case StateItem::Kind::kOptimizer: {
-        CKPTIO_RETURN_IF_ERROR(
-            pending.SetMetadata(kItemPrefix + name, "optimizer:" + DeviceOf(item.optimizer())));
-        CKPTIO_ASSIGN_OR_RETURN(auto stream, pending.AddObject(OptimizerObject(name)));
-        Status written;
-        CKPTIO_RETURN_IF_ERROR(Guard("saving optimizer " + name, [&] {
-          torch::serialize::OutputArchive archive;
-          item.optimizer().save(archive);
-          // Streamed straight into the object: no serialized copy in memory.
-          archive.save_to([&](const void* data, size_t size) -> size_t {
-            if (!written.ok()) return 0;
-            written = stream->Write(data, size);
-            return written.ok() ? size : 0;
-          });
-          return OkStatus();
-        }));
-        CKPTIO_RETURN_IF_ERROR(written);
-        CKPTIO_RETURN_IF_ERROR(stream->Close());
+      case StateItem::Kind::kModule: {
+        plan.metadata[kItemPrefix + name] = "module";
+        SavePlan::TensorObject to{"module " + name, ModuleObject(name), {}, {}};
+        add(to, ModuleTensors(item.module()));
+        plan.tensor_objects.push_back(std::move(to));
         break;
       }
+      case StateItem::Kind::kOptimizer:
+        plan.metadata[kItemPrefix + name] = "optimizer:" + DeviceOf(item.optimizer());
+        plan.optimizers.emplace_back(OptimizerObject(name), &item.optimizer());
+        break;
       case StateItem::Kind::kTensor:
-        CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(kItemPrefix + name, "tensor"));
-        loose.emplace_back(name, item.tensor());
+        plan.metadata[kItemPrefix + name] = "tensor";
+        add(loose, {{name, item.tensor()}});
         break;
     }
   }
-  if (!loose.empty())
-    CKPTIO_RETURN_IF_ERROR(
-        Guard("saving tensors", [&] { return WriteSafetensors(pending, kTensorsObject, loose); }));
-  for (const auto& [key, value] : state.metadata)
-    CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(kUserPrefix + key, value));
+  if (!loose.tensors.empty()) plan.tensor_objects.push_back(std::move(loose));
+  for (const auto& [key, value] : state.metadata) plan.metadata[kUserPrefix + key] = value;
+  return plan;
+}
+
+struct CopyJob {
+  char* dst;
+  const char* src;
+  uint64_t size;
+};
+
+// Runs the copies in 8 MiB pieces on up to 4 threads (one per core).
+void ParallelCopy(const std::vector<CopyJob>& jobs) {
+  constexpr uint64_t kPiece = 8 << 20;
+  std::vector<CopyJob> pieces;
+  for (const CopyJob& j : jobs)
+    for (uint64_t o = 0; o < j.size; o += kPiece)
+      pieces.push_back({j.dst + o, j.src + o, std::min(kPiece, j.size - o)});
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < pieces.size();)
+      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].size);
+  };
+  const size_t threads =
+      std::min<size_t>(pieces.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < threads; ++i) helpers.emplace_back(work);
+  work();
+  for (auto& t : helpers) t.join();
+}
+
+// Streams an optimizer's LibTorch archive to `write` (no copy in memory).
+Status ArchiveOptimizer(const torch::optim::Optimizer& optimizer, const std::string& object,
+                        const std::function<Status(const void*, size_t)>& write) {
+  Status written;
+  CKPTIO_RETURN_IF_ERROR(Guard("saving optimizer " + object, [&] {
+    torch::serialize::OutputArchive archive;
+    const_cast<torch::optim::Optimizer&>(optimizer).save(archive);  // save() is not const
+    archive.save_to([&](const void* data, size_t size) -> size_t {
+      if (!written.ok()) return 0;
+      written = write(data, size);
+      return written.ok() ? size : 0;
+    });
+    return OkStatus();
+  }));
+  return written;
+}
+
+Status WritePlan(PendingCheckpoint& pending, const SavePlan& plan) {
+  for (const auto& [key, value] : plan.metadata)
+    CKPTIO_RETURN_IF_ERROR(pending.SetMetadata(key, value));
+  for (const auto& to : plan.tensor_objects)
+    CKPTIO_RETURN_IF_ERROR(Guard("saving " + to.item, [&] {
+      return WriteSafetensors(pending, to.object, to.tensors, to.devices);
+    }));
+  for (const auto& [object, optimizer] : plan.optimizers) {
+    CKPTIO_ASSIGN_OR_RETURN(auto stream, pending.AddObject(object));
+    CKPTIO_RETURN_IF_ERROR(ArchiveOptimizer(
+        *optimizer, object, [&](const void* d, size_t n) { return stream->Write(d, n); }));
+    CKPTIO_RETURN_IF_ERROR(stream->Close());
+  }
+  for (const auto& [object, bytes] : plan.archives)
+    CKPTIO_RETURN_IF_ERROR(pending.PutObject(object, bytes.data(), bytes.size()));
   return OkStatus();
 }
 
@@ -333,7 +406,29 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
   return c;
 }
 
-Checkpointer::~Checkpointer() = default;
+// The staging memory and the thread of SaveAsync.
+struct internal::AsyncSave {
+  torch::Tensor staging;  // uint8; reused from save to save
+  std::thread worker;
+  int64_t step = 0;
+  Status result;            // the worker's outcome, read after join
+  bool unreported = false;  // result not yet returned by a later call
+  bool warned = false;      // the "too large for staging" warning, once
+};
+
+Checkpointer::Checkpointer() : async_(std::make_unique<internal::AsyncSave>()) {}
+
+Checkpointer::~Checkpointer() {
+  if (async_->worker.joinable()) async_->worker.join();
+}
+
+Status Checkpointer::FinishAsync() {
+  if (async_->worker.joinable()) async_->worker.join();
+  if (!async_->unreported) return OkStatus();
+  async_->unreported = false;
+  return async_->result.WithContext("the asynchronous save of step " +
+                                    std::to_string(async_->step) + " failed");
+}
 
 Status Checkpointer::ConfirmCommitted(int64_t step) {
   // A signal alone is never trusted: the step's manifest must open.
@@ -344,22 +439,118 @@ Status Checkpointer::ConfirmCommitted(int64_t step) {
 }
 
 Status Checkpointer::Save(int64_t step, const State& state) {
+  CKPTIO_RETURN_IF_ERROR(FinishAsync());
+  return SaveNow(step, rank_.rank == 0 ? Plan(state) : SavePlan());
+}
+
+std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
+  std::promise<Status> promise;
+  std::future<Status> future = promise.get_future();
+  Status previous = FinishAsync();
+  if (!previous.ok()) {
+    promise.set_value(previous);
+    return future;
+  }
+  internal::AsyncSave& as = *async_;
+  as.step = step;
+  // A save that ends here (an error, or too large to stage) is reported
+  // like one that ends in the background: on the future and the next call.
+  auto done_now = [&](Status s) {
+    as.result = s;
+    as.unreported = !s.ok();
+    promise.set_value(std::move(s));
+    return std::move(future);
+  };
+  SavePlan plan;
+  if (rank_.rank == 0) {
+    plan = Plan(state);
+    // Staging: every tensor copied, 64-byte aligned, into one reused buffer.
+    constexpr uint64_t kAlign = 64;
+    uint64_t need = 0;
+    bool cuda = false;
+    for (const auto& to : plan.tensor_objects)
+      for (const auto& [name, t] : to.tensors) {
+        if (!t.defined()) continue;
+        need = (need + kAlign - 1) / kAlign * kAlign + t.nbytes();
+        cuda = cuda || t.is_cuda();
+      }
+    if (need > options_.max_staging_bytes) {
+      if (!as.warned)
+        std::cerr << "ckptio: warning: SaveAsync of step " << step << " needs " << need
+                  << " bytes of staging, over max_staging_bytes (" << options_.max_staging_bytes
+                  << "): saving synchronously; raise CheckpointerOptions::max_staging_bytes to "
+                     "save in the background\n";
+      as.warned = true;
+      return done_now(SaveNow(step, plan));
+    }
+    Status staged = Guard("staging the state of step " + std::to_string(step), [&]() -> Status {
+      const bool pinned = cuda && torch::cuda::is_available();
+      if (!as.staging.defined() || static_cast<uint64_t>(as.staging.numel()) < need ||
+          (pinned && !as.staging.is_pinned()))
+        as.staging =
+            torch::empty({static_cast<int64_t>(std::max<uint64_t>(need, 1))},
+                         torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
+      char* base = static_cast<char*>(as.staging.data_ptr());
+      uint64_t off = 0;
+      torch::NoGradGuard no_grad;
+      std::vector<CopyJob> memcpys;  // contiguous CPU tensors: copied on every core
+      for (auto& to : plan.tensor_objects)
+        for (auto& [name, t] : to.tensors) {
+          if (!t.defined()) continue;
+          off = (off + kAlign - 1) / kAlign * kAlign;
+          torch::Tensor copy = torch::from_blob(base + off, t.sizes(),
+                                                torch::TensorOptions().dtype(t.scalar_type()));
+          if (t.device().is_cpu() && t.is_contiguous())
+            memcpys.push_back({base + off, static_cast<const char*>(t.data_ptr()), t.nbytes()});
+          else
+            copy.copy_(t.detach());  // from the GPU (into pinned memory), or strided
+          off += t.nbytes();
+          t = copy;
+        }
+      ParallelCopy(memcpys);
+      for (const auto& [object, optimizer] : plan.optimizers) {
+        std::string bytes;
+        CKPTIO_RETURN_IF_ERROR(ArchiveOptimizer(*optimizer, object, [&](const void* d, size_t n) {
+          bytes.append(static_cast<const char*>(d), n);
+          return OkStatus();
+        }));
+        plan.archives.emplace_back(object, std::move(bytes));
+      }
+      plan.optimizers.clear();
+      return OkStatus();
+    });
+    if (!staged.ok()) return done_now(staged);
+  }
+  as.worker =
+      std::thread([this, step, plan = std::move(plan), promise = std::move(promise)]() mutable {
+        Status s = SaveNow(step, plan);
+        async_->result = s;
+        async_->unreported = !s.ok();
+        promise.set_value(std::move(s));
+      });
+  return future;
+}
+
+Status Checkpointer::SaveNow(int64_t step, const SavePlan& plan) {
   const std::string what = rank_.ToString() + ": save of step " + std::to_string(step);
   if (rank_.rank != 0) {
     CKPTIO_RETURN_IF_ERROR(coordinator_->WaitSaved(step, options_.timeout).WithContext(what));
     return ConfirmCommitted(step).WithContext(what);
   }
-  CKPTIO_RETURN_IF_ERROR(coordinator_->BeginSave(step, options_.timeout).WithContext(what));
+  // A job of one rank has nobody to tell.
+  const bool coordinate = rank_.world_size > 1;
+  if (coordinate)
+    CKPTIO_RETURN_IF_ERROR(coordinator_->BeginSave(step, options_.timeout).WithContext(what));
   Status outcome = [&]() -> Status {
     CKPTIO_ASSIGN_OR_RETURN(auto pending, writer_->Begin(step));
-    CKPTIO_RETURN_IF_ERROR(SaveItems(*pending, state));
+    CKPTIO_RETURN_IF_ERROR(WritePlan(*pending, plan));
     auto info = pending->Commit();
     if (!info.ok()) return info.status();
     if (!info->retention.ok())
       std::cerr << "ckptio: warning: " << info->retention << "\n";  // the save stands
     return OkStatus();
   }();
-  Status published = coordinator_->EndSave(step, outcome);
+  Status published = coordinate ? coordinator_->EndSave(step, outcome) : OkStatus();
   CKPTIO_RETURN_IF_ERROR(outcome.WithContext(what));
   return published.WithContext(what + " committed, but telling the other ranks failed");
 }
@@ -394,6 +585,7 @@ Status Checkpointer::Ticket::Wait() {
 }
 
 Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
+  CKPTIO_RETURN_IF_ERROR(FinishAsync());
   Ticket t;
   t.owner_ = this;
   t.step_ = step;
@@ -476,6 +668,7 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
 
 Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOptions& options) {
   const std::string what = rank_.ToString() + ": load";
+  CKPTIO_RETURN_IF_ERROR(FinishAsync());
   std::unique_ptr<OpenedStep> opened;
   auto decided = Decide(options, &opened);
   if (!decided.ok()) return decided.status().WithContext(what);

@@ -1,0 +1,263 @@
+// Checkpointer::SaveAsync: the call returns once the state is staged, the
+// commit happens in the background with every invariant, errors surface on
+// the future and on the next call, the destructor waits.
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "ckptio/ckptio.h"
+#include "ckptio/posix_backend.h"
+#include "ckptio/torch.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::TempDir;
+
+// A POSIX backend whose object writes wait at a gate until it opens, and
+// which can fail every new object.
+class GateBackend : public StorageBackend {
+ public:
+  explicit GateBackend(std::shared_ptr<StorageBackend> inner) : inner_(std::move(inner)) {}
+
+  void Close() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = false;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void FailNewObjects(bool fail) { fail_ = fail; }
+
+  std::string Uri() const override { return inner_->Uri(); }
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return open_; });
+    }
+    if (fail_ && key.find("step-") == 0)
+      return Status(Code::kResourceExhausted, "injected: no space left on device");
+    return inner_->NewObject(key, mode);
+  }
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    return inner_->OpenObject(key);
+  }
+  Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
+  Result<std::vector<std::string>> List(std::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+  Status Delete(std::string_view key) override { return inner_->Delete(key); }
+  Result<bool> IsLocked(std::string_view key) override { return inner_->IsLocked(key); }
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    return inner_->TryLock(key, mode);
+  }
+
+ private:
+  std::shared_ptr<StorageBackend> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  std::atomic<bool> fail_{false};
+};
+
+class AsyncSaveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto posix = NewPosixBackend(dir_.Sub("store"));
+    ASSERT_TRUE(posix.ok()) << posix.status();
+    gate_ = std::make_shared<GateBackend>(std::shared_ptr<StorageBackend>(std::move(*posix)));
+  }
+
+  std::unique_ptr<Checkpointer> Open(CheckpointerOptions o = {}) {
+    o.backend = gate_;
+    auto c = Checkpointer::Open(dir_.Sub("store"), RankInfo{}, std::move(o));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  static bool Ready(const std::future<Status>& f) {
+    return f.wait_for(0s) == std::future_status::ready;
+  }
+
+  TempDir dir_;
+  std::shared_ptr<GateBackend> gate_;
+};
+
+struct Net : torch::nn::Module {
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(64, 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 8));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+void Train(Net& net, torch::optim::Optimizer& opt, int steps, uint64_t seed) {
+  torch::manual_seed(seed);
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    net.forward(torch::randn({16, 64})).pow(2).mean().backward();
+    opt.step();
+  }
+}
+
+std::vector<torch::Tensor> Snapshot(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool SameAs(torch::nn::Module& m, const std::vector<torch::Tensor>& snap) {
+  auto now = m.parameters();
+  if (now.size() != snap.size()) return false;
+  for (size_t i = 0; i < now.size(); ++i)
+    if (!torch::equal(now[i], snap[i])) return false;
+  return true;
+}
+
+TEST_F(AsyncSaveTest, ReturnsBeforeTheCommitAndSavesTheStateAsItWasAtTheCall) {
+  Net net;
+  torch::optim::Adam adam(net.parameters(), torch::optim::AdamOptions(1e-2));
+  Train(net, adam, 3, 1);
+  torch::Tensor loose = torch::randn({1000});
+  const torch::Tensor loose_then = loose.clone();
+  State state{{"model", net}, {"optim", adam}, {"loose", loose}};
+  state.SetInt("epoch", 4);
+  auto ckpt = Open();
+  const auto snap = Snapshot(net);
+
+  gate_->Close();  // nothing can be written yet
+  auto saved = ckpt->SaveAsync(10, state);
+  EXPECT_FALSE(Ready(saved)) << "SaveAsync waited for the write";
+  // Training goes on at once: weights, optimizer moments and tensors change.
+  Train(net, adam, 2, 2);
+  loose.fill_(7);
+  EXPECT_FALSE(ckpt->store().OpenStep(10).ok()) << "visible before its commit";
+  gate_->Open();
+  CKPTIO_ASSERT_OK(saved.get());
+
+  // Step 10 holds the state at the call, Adam moments included: one more
+  // identical step from it matches a run that never changed.
+  Net fresh;
+  torch::optim::Adam fresh_adam(fresh.parameters(), torch::optim::AdamOptions(1e-2));
+  torch::Tensor loose_back;
+  State into{{"model", fresh}, {"optim", fresh_adam}, {"loose", loose_back}};
+  auto got = ckpt->Load(into);
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  EXPECT_EQ((*got)->step, 10);
+  EXPECT_TRUE(SameAs(fresh, snap));
+  EXPECT_TRUE(torch::equal(loose_back, loose_then));
+  EXPECT_EQ(into.GetInt("epoch"), 4);
+
+  Net reference;
+  torch::optim::Adam reference_adam(reference.parameters(), torch::optim::AdamOptions(1e-2));
+  torch::Tensor unused;
+  State ref_state{{"model", reference}, {"optim", reference_adam}, {"loose", unused}};
+  ASSERT_TRUE(ckpt->Load(ref_state).ok());
+  Train(fresh, fresh_adam, 1, 9);
+  Train(reference, reference_adam, 1, 9);
+  EXPECT_TRUE(SameAs(fresh, Snapshot(reference)));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, ckpt->store().OpenStep(10));
+  CKPTIO_EXPECT_OK(reader->Verify());
+}
+
+TEST_F(AsyncSaveTest, AnErrorSurfacesOnTheFutureAndOnceOnTheNextCall) {
+  Net net;
+  State state{{"model", net}};
+  auto ckpt = Open();
+  gate_->FailNewObjects(true);
+  auto failed = ckpt->SaveAsync(1, state);
+  Status s = failed.get();
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s;
+  gate_->FailNewObjects(false);
+  // The next call reports it instead of doing its own work...
+  Status next = ckpt->Save(2, state);
+  EXPECT_EQ(next.code(), Code::kResourceExhausted) << next;
+  EXPECT_NE(next.message().find("asynchronous save of step 1 failed"), std::string::npos) << next;
+  EXPECT_FALSE(ckpt->store().OpenStep(2).ok());
+  // ...once: the call after that works, and the failed step left nothing.
+  CKPTIO_ASSERT_OK(ckpt->Save(2, state));
+  CKPTIO_ASSERT_OK(ckpt->SaveAsync(3, state).get());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, ckpt->store().ListSteps());
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step, 2);
+  EXPECT_EQ(steps[1].step, 3);
+}
+
+TEST_F(AsyncSaveTest, TheNextCallAndTheDestructorWaitForTheSaveInFlight) {
+  Net net;
+  State state{{"model", net}};
+  auto ckpt = Open();
+  gate_->Close();
+  auto first = ckpt->SaveAsync(1, state);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(200ms);
+    gate_->Open();
+  });
+  // A second SaveAsync waits for the first (they share the staging memory).
+  auto second = ckpt->SaveAsync(2, state);
+  EXPECT_TRUE(Ready(first)) << "the second call returned before the first save ended";
+  CKPTIO_EXPECT_OK(first.get());
+  CKPTIO_EXPECT_OK(second.get());
+  opener.join();
+  gate_->Close();
+  auto third = ckpt->SaveAsync(3, state);
+  std::thread opener2([&] {
+    std::this_thread::sleep_for(200ms);
+    gate_->Open();
+  });
+  ckpt.reset();  // waits for step 3
+  EXPECT_TRUE(Ready(third)) << "the destructor returned before the save ended";
+  opener2.join();
+  CKPTIO_EXPECT_OK(third.get());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(dir_.Sub("store")));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store->OpenLatest());
+  EXPECT_EQ(latest->step(), 3);
+  CKPTIO_EXPECT_OK(latest->Verify());
+}
+
+TEST_F(AsyncSaveTest, AStateOverTheStagingLimitIsSavedSynchronously) {
+  Net net;  // 64*128 + 128 + 128*8 + 8 floats: ~37 KiB
+  State state{{"model", net}};
+  CheckpointerOptions o;
+  o.max_staging_bytes = 16 << 10;
+  auto ckpt = Open(o);
+  auto saved = ckpt->SaveAsync(1, state);
+  EXPECT_TRUE(Ready(saved)) << "over the limit, the call itself saves";
+  CKPTIO_EXPECT_OK(saved.get());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, ckpt->store().OpenStep(1));
+  CKPTIO_EXPECT_OK(reader->Verify());
+}
+
+TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
+  // Two ranks in one process over the manifest signal.
+  RankInfo r0, r1;
+  r0.world_size = r1.world_size = 2;
+  r1.rank = r1.local_rank = 1;
+  r0.local_world_size = r1.local_world_size = 2;
+  r0.job_id = r1.job_id = "async-test";
+  CheckpointerOptions o;
+  o.timeout = 20s;
+  auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
+  ASSERT_TRUE(c1.ok()) << c1.status();
+  auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  Net net;
+  State state{{"model", net}};
+  auto waiting = (*c1)->SaveAsync(5, state);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(Ready(waiting)) << "resolved before rank 0 saved";
+  CKPTIO_ASSERT_OK((*c0)->SaveAsync(5, state).get());
+  CKPTIO_EXPECT_OK(waiting.get());
+}
+
+}  // namespace
+}  // namespace ckptio
