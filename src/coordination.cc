@@ -138,8 +138,8 @@ class FileCoordinator : public Coordinator {
         return record.status();
       if (!backoff.Wait())
         return Status(Code::kDeadlineExceeded,
-                      "timed out after " + std::to_string(timeout.count()) +
-                          " ms waiting for rank 0 to publish \"" + name + "\" (wait mode " +
+                      "timed out after " + std::to_string(timeout.count()) + " ms waiting for \"" +
+                          name + "\" to be published (wait mode " +
                           std::string(WaitModeName(mode_)) + ")");
     }
   }

@@ -575,7 +575,11 @@ PendingCheckpoint::~PendingCheckpoint() {
 int64_t PendingCheckpoint::step() const { return state_->step; }
 
 Result<std::unique_ptr<ObjectStream>> PendingCheckpoint::AddObject(std::string_view name) {
-  State& st = *state_;
+  return AddObjectTo(*state_, name);
+}
+
+Result<std::unique_ptr<ObjectStream>> PendingCheckpoint::AddObjectTo(State& st,
+                                                                     std::string_view name) {
   if (st.finished)
     return Status(Code::kFailedPrecondition,
                   "step " + std::to_string(st.step) + " was already committed or abandoned");
@@ -618,6 +622,115 @@ Status PendingCheckpoint::SetMetadata(std::string key, std::string value) {
 
 void PendingCheckpoint::AddTensor(TensorEntry tensor) {
   state_->manifest.tensors.push_back(std::move(tensor));
+}
+
+Status PendingCheckpoint::AddStripe(const StripeReceipt& receipt) {
+  State& st = *state_;
+  StorageBackend& backend = *st.core->backend;
+  const std::string what =
+      "rank " + std::to_string(receipt.rank) + "'s stripe of step " + std::to_string(st.step);
+  if (st.finished)
+    return Status(Code::kFailedPrecondition,
+                  what + ": the step was already committed or abandoned");
+  if (receipt.step != st.step)
+    return Status(Code::kInvalidArgument,
+                  what + ": the receipt is for step " + std::to_string(receipt.step));
+  for (const ObjectEntry& o : receipt.objects) {
+    CKPTIO_RETURN_IF_ERROR(ValidateObjectName(o.name).WithContext(what));
+    if (st.names.count(o.name))
+      return Status(Code::kInvalidArgument, what +
+                                                ": object "
+                                                " + o.name + "
+                                                " is already in the step");
+    auto info = backend.Stat(st.dir + o.name);
+    if (!info.ok()) {
+      if (info.status().code() != Code::kNotFound) return info.status().WithContext(what);
+      return Status(Code::kDataLoss, what + ": object " + o.name + " is not in " + backend.Uri() +
+                                         "/" + st.dir +
+                                         " (its writer died, or the step was "
+                                         "cleared after the stripe was written)");
+    }
+    if (info->size != o.size)
+      return Status(Code::kDataLoss, what + ": object " + o.name + " has " +
+                                         std::to_string(info->size) + " bytes, the receipt says " +
+                                         std::to_string(o.size));
+  }
+  for (const ObjectEntry& o : receipt.objects) {
+    st.names.insert(o.name);
+    st.manifest.objects.push_back(o);
+  }
+  for (const TensorEntry& t : receipt.tensors) st.manifest.tensors.push_back(t);
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------- stripes
+
+std::string SerializeStripeReceipt(const StripeReceipt& r) {
+  // A receipt is the partial manifest of one rank.
+  Manifest m;
+  m.step = r.step;
+  m.generation = 1;
+  m.world_size = r.rank + 1;
+  m.saving_rank = r.rank;
+  m.objects = r.objects;
+  m.tensors = r.tensors;
+  m.metadata["ckptio.stripe"] = "receipt";
+  return SerializeManifest(m);
+}
+
+Result<StripeReceipt> ParseStripeReceipt(std::string_view bytes, std::string_view where) {
+  CKPTIO_ASSIGN_OR_RETURN(Manifest m, ParseManifest(bytes, where));
+  auto kind = m.metadata.find("ckptio.stripe");
+  if (kind == m.metadata.end() || kind->second != "receipt")
+    return Status(Code::kDataLoss, std::string(where) + ": not a stripe receipt");
+  StripeReceipt r;
+  r.step = m.step;
+  r.rank = static_cast<int>(m.saving_rank);
+  r.objects = std::move(m.objects);
+  r.tensors = std::move(m.tensors);
+  return r;
+}
+
+StripeWriter::StripeWriter(std::unique_ptr<PendingCheckpoint::State> state, int rank)
+    : state_(std::move(state)), rank_(rank) {}
+
+StripeWriter::~StripeWriter() {
+  if (state_->committed) return;
+  for (const auto& name : state_->names) (void)state_->core->backend->Delete(state_->dir + name);
+}
+
+int64_t StripeWriter::step() const { return state_->step; }
+
+Result<std::unique_ptr<ObjectStream>> StripeWriter::AddObject(std::string_view name) {
+  return PendingCheckpoint::AddObjectTo(*state_, name);
+}
+
+void StripeWriter::AddTensor(TensorEntry tensor) {
+  state_->manifest.tensors.push_back(std::move(tensor));
+}
+
+Result<StripeReceipt> StripeWriter::Finish() {
+  PendingCheckpoint::State& st = *state_;
+  const std::string what =
+      "rank " + std::to_string(rank_) + "'s stripe of step " + std::to_string(st.step);
+  if (st.finished) return Status(Code::kFailedPrecondition, what + ": already finished");
+  if (st.open_streams > 0)
+    return Status(Code::kFailedPrecondition,
+                  what + ": " + std::to_string(st.open_streams) + " object stream(s) still open");
+  st.finished = true;
+  if (!st.failure.ok()) return st.failure.WithContext(what);
+  StripeReceipt r;
+  r.step = st.step;
+  r.rank = rank_;
+  r.objects = st.manifest.objects;
+  std::sort(r.objects.begin(), r.objects.end(),
+            [](const ObjectEntry& a, const ObjectEntry& b) { return a.name < b.name; });
+  r.tensors = st.manifest.tensors;
+  // What the writer would refuse at its commit, refused here.
+  CKPTIO_RETURN_IF_ERROR(
+      ParseStripeReceipt(SerializeStripeReceipt(r), what).status().WithContext(what));
+  st.committed = true;  // the objects are the writer's now
+  return r;
 }
 
 Result<CommitInfo> PendingCheckpoint::Commit() {
@@ -766,6 +879,31 @@ Result<std::vector<int64_t>> StoreWriter::CollectGarbage(int keep_last) {
 }
 
 // ---------------------------------------------------------------- store
+
+Result<std::unique_ptr<StripeWriter>> Store::BeginStripe(int64_t step, int rank,
+                                                         uint64_t chunk_size) {
+  if (step < 0 || step > kMaxStep)
+    return Status(Code::kInvalidArgument,
+                  "step " + std::to_string(step) + " is outside [0, 999999999999]");
+  if (rank < 1)
+    return Status(Code::kInvalidArgument, "stripes are written by ranks other than the writer (0)");
+  if (chunk_size < kMinChunkBytes || chunk_size > kMaxChunkBytes)
+    return Status(Code::kInvalidArgument,
+                  "chunk_size " + std::to_string(chunk_size) + " is outside the supported range");
+  auto manifest = backend_->Stat(ManifestKey(step));
+  if (manifest.ok())
+    return Status(Code::kAlreadyExists,
+                  "step " + std::to_string(step) + " is already committed in " + backend_->Uri());
+  if (manifest.status().code() != Code::kNotFound) return manifest.status();
+  auto core = std::make_shared<WriterCore>();
+  core->backend = backend_;
+  core->options.chunk_size = chunk_size;
+  auto st = std::make_unique<PendingCheckpoint::State>();
+  st->core = std::move(core);
+  st->step = step;
+  st->dir = StepDirName(step) + "/";
+  return std::unique_ptr<StripeWriter>(new StripeWriter(std::move(st), rank));
+}
 
 Result<std::unique_ptr<Store>> Store::Open(std::string_view uri, const BackendRegistry& registry) {
   CKPTIO_ASSIGN_OR_RETURN(auto backend, registry.Open(uri));

@@ -362,6 +362,91 @@ TEST_P(ViewTest, ATruncatedObjectIsDataLoss) {
 INSTANTIATE_TEST_SUITE_P(MapAndBuffer, ViewTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Buffer" : "Map"; });
 
+TEST_F(StoreTest, AStripedStepCommitsEveryRanksObjects) {
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(7));
+  const std::string mine = RandomBytes(5 << 20, 11), theirs = RandomBytes((6 << 20) + 5, 12);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stripe, store_->BeginStripe(7, 1));
+  CKPTIO_ASSERT_OK(pending->PutObject("part-0.bin", mine.data(), mine.size()));
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto os, stripe->AddObject("part-1.bin"));
+    CKPTIO_ASSERT_OK(os->Write(theirs.data(), theirs.size()));
+    CKPTIO_ASSERT_OK(os->Close());
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt receipt, stripe->Finish());
+  // The receipt travels as text between ranks.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt back,
+                              ParseStripeReceipt(SerializeStripeReceipt(receipt), "receipt"));
+  EXPECT_EQ(back.rank, 1);
+  EXPECT_EQ(back.step, 7);
+  ASSERT_EQ(back.objects.size(), 1u);
+  EXPECT_EQ(back.objects[0].hash, HashBytes(theirs));
+  stripe.reset();  // finished: its objects now belong to the writer's step
+  EXPECT_FALSE(store_->OpenStep(7).ok()) << "visible before the writer's commit";
+  CKPTIO_ASSERT_OK(pending->AddStripe(back));
+  ASSERT_TRUE(pending->Commit().ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(7));
+  ASSERT_EQ(r->manifest().objects.size(), 2u);
+  CKPTIO_EXPECT_OK(r->Verify());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string got, r->ReadAll("part-1.bin"));
+  EXPECT_TRUE(got == theirs);
+}
+
+TEST_F(StoreTest, AStripeTheWriterCannotFindOrThatClashesIsRefused) {
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(3));
+  CKPTIO_ASSERT_OK(pending->PutObject("a.bin", "aaaa", 4));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stripe, store_->BeginStripe(3, 2));
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto os, stripe->AddObject("b.bin"));
+    CKPTIO_ASSERT_OK(os->Write("bbbbbbbb", 8));
+    CKPTIO_ASSERT_OK(os->Close());
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt receipt, stripe->Finish());
+
+  StripeReceipt wrong_step = receipt;
+  wrong_step.step = 4;
+  EXPECT_EQ(pending->AddStripe(wrong_step).code(), Code::kInvalidArgument);
+  StripeReceipt clash = receipt;
+  clash.objects[0].name = "a.bin";
+  EXPECT_EQ(pending->AddStripe(clash).code(), Code::kInvalidArgument);
+  StripeReceipt wrong_size = receipt;
+  wrong_size.objects[0].size = 9;
+  Status s = pending->AddStripe(wrong_size);
+  EXPECT_EQ(s.code(), Code::kDataLoss) << s;
+  // The stripe's writer "died" and its object is gone.
+  ASSERT_EQ(::unlink(dir_.Sub("store/step-000000000003/b.bin").c_str()), 0);
+  s = pending->AddStripe(receipt);
+  EXPECT_EQ(s.code(), Code::kDataLoss) << s;
+  EXPECT_NE(s.message().find("rank 2's stripe of step 3"), std::string::npos) << s;
+}
+
+TEST_F(StoreTest, AbandonedStripesAndStepsLeaveNothing) {
+  auto w = Writer();
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(5));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto unfinished, store_->BeginStripe(5, 1));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto os, unfinished->AddObject("x.bin"));
+    CKPTIO_ASSERT_OK(os->Write("x", 1));
+    CKPTIO_ASSERT_OK(os->Close());
+    os.reset();
+    unfinished.reset();  // no Finish(): its object goes
+    EXPECT_FALSE(store_->backend().Stat("step-000000000005/x.bin").ok());
+
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto finished, store_->BeginStripe(5, 1));
+    CKPTIO_ASSERT_OK(finished->AddObject("y.bin").value()->Close());
+    CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt r, finished->Finish());
+    finished.reset();
+    CKPTIO_ASSERT_OK(pending->AddStripe(r));
+  }  // the writer abandons step 5: the stripe it took goes with it
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, store_->backend().List("step-000000000005/"));
+  EXPECT_TRUE(keys.empty()) << keys.front();
+
+  ASSERT_TRUE(Save(*w, 6, {{"a", "a"}}).ok());
+  EXPECT_EQ(store_->BeginStripe(6, 1).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(store_->BeginStripe(7, 0).status().code(), Code::kInvalidArgument);
+}
+
 TEST_F(StoreTest, RetentionNeverDeletesTheStepJustSaved) {
   WriterOptions o;
   o.keep_last = 1;

@@ -111,6 +111,8 @@ class CheckpointReader {
 };
 
 class PendingCheckpoint;
+class StripeWriter;
+struct StripeReceipt;
 
 // Streams one object of a pending checkpoint. Must not outlive it.
 class ObjectStream {
@@ -126,6 +128,7 @@ class ObjectStream {
 
  private:
   friend class PendingCheckpoint;
+  friend class StripeWriter;
   struct State;
   explicit ObjectStream(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
@@ -162,6 +165,13 @@ class PendingCheckpoint {
   // against the objects at Commit).
   void AddTensor(TensorEntry tensor);
 
+  // Adds the objects and tensors another rank wrote into this step (its
+  // receipt, see StripeWriter). Each object must be in the step with the
+  // size the receipt records (DataLoss otherwise: its writer died or the
+  // step was cleared) and its name free (InvalidArgument). Abandoning the
+  // checkpoint deletes them too.
+  Status AddStripe(const StripeReceipt& receipt);
+
   // Commits (protocol steps 4-6). FailedPrecondition if an object stream is
   // still open or failed. After an error the checkpoint is abandoned.
   Result<CommitInfo> Commit();
@@ -169,9 +179,52 @@ class PendingCheckpoint {
  private:
   friend class StoreWriter;
   friend class ObjectStream;
+  friend class StripeWriter;
+  friend class Store;
   struct State;
   explicit PendingCheckpoint(std::unique_ptr<State> state);
+  static Result<std::unique_ptr<ObjectStream>> AddObjectTo(State& st, std::string_view name);
   std::unique_ptr<State> state_;
+};
+
+// Striped saves: ranks other than the writer write some of a step's
+// objects themselves and hand the writer a receipt; the writer adds every
+// receipt (PendingCheckpoint::AddStripe) before it commits. A stripe object
+// is durable (committed by the backend) before its receipt exists, so a
+// committed step never names a stripe that is not on storage.
+struct StripeReceipt {
+  int64_t step = 0;
+  int rank = 0;
+  std::vector<ObjectEntry> objects;  // sorted by name
+  std::vector<TensorEntry> tensors;
+};
+// Sealed JSON, checked like a manifest (tensors inside their objects...).
+std::string SerializeStripeReceipt(const StripeReceipt& receipt);
+Result<StripeReceipt> ParseStripeReceipt(std::string_view bytes, std::string_view where);
+
+// One rank's stripe of a pending step. Not thread-safe. Takes no lock: the
+// writer must have begun the step (and cleared a torn attempt at it) before
+// any stripe of it starts.
+class StripeWriter {
+ public:
+  // Deletes what it wrote unless Finish() succeeded. Never throws.
+  ~StripeWriter();
+  StripeWriter(const StripeWriter&) = delete;
+  StripeWriter& operator=(const StripeWriter&) = delete;
+
+  int64_t step() const;
+  // As PendingCheckpoint::AddObject / AddTensor.
+  Result<std::unique_ptr<ObjectStream>> AddObject(std::string_view name);
+  void AddTensor(TensorEntry tensor);
+  // Every stream closed: the receipt for the writer. FailedPrecondition if a
+  // stream is open, the first object error if one failed.
+  Result<StripeReceipt> Finish();
+
+ private:
+  friend class Store;
+  StripeWriter(std::unique_ptr<PendingCheckpoint::State> state, int rank);
+  std::unique_ptr<PendingCheckpoint::State> state_;
+  int rank_;
 };
 
 struct WriterOptions {
@@ -275,6 +328,11 @@ class Store {
   // Takes the writer lock (waiting up to options.lock_wait): a second writer
   // gets FailedPrecondition naming the holder's last known host and pid.
   Result<std::unique_ptr<StoreWriter>> OpenWriter(const WriterOptions& options);
+
+  // Starts rank `rank`'s stripe of step `step` (see StripeWriter).
+  // AlreadyExists if the step is committed.
+  Result<std::unique_ptr<StripeWriter>> BeginStripe(int64_t step, int rank,
+                                                    uint64_t chunk_size = kDefaultChunkBytes);
 
   // Reads everything and reports problems without changing anything.
   // Verifies all data of every committed step when verify_data is set.

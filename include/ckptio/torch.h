@@ -132,6 +132,15 @@ struct CheckpointerOptions {
   // Use this backend instead of the one the URI names (fault injection,
   // sync-point hooks); the URI is then only used in messages.
   std::shared_ptr<StorageBackend> backend;
+  // Striped saves (DDP replicas are identical, so any rank can write any
+  // part): every rank writes about 1/world_size of the tensor bytes into
+  // "<object>.part-<rank>.safetensors" objects of the step, durably, and
+  // sends rank 0 a receipt; rank 0 writes the rest (and every optimizer and
+  // the metadata) and commits only once every receipt is in. Every rank
+  // must call Save / SaveAsync with the same state layout. Pays where
+  // several writers are faster than one (parallel file systems, several NFS
+  // servers); one local disk gains little (docs/PERFORMANCE.md).
+  bool stripe = false;
   // SaveAsync keeps this much host memory at most for staged tensor copies
   // (kept between saves; pinned when CUDA tensors are saved). A state
   // whose tensors need more is saved synchronously instead, with a warning.
@@ -205,6 +214,10 @@ class Checkpointer {
   // Waits for an in-flight SaveAsync; its error, the first time only.
   Status FinishAsync();
   Status SaveNow(int64_t step, const internal::SavePlan& plan);
+  Status SaveStripe(int64_t step, const internal::SavePlan& plan);
+  // What this rank writes of `state`: everything on rank 0 of a plain save,
+  // its part of a striped one, nothing otherwise.
+  internal::SavePlan PlanFor(const State& state) const;
   Result<std::optional<LoadResult>> Decide(const LoadOptions& options,
                                            std::unique_ptr<internal::OpenedStep>* verified);
 
@@ -214,6 +227,7 @@ class Checkpointer {
   std::unique_ptr<StoreWriter> writer_;  // rank 0 only
   std::unique_ptr<Coordinator> coordinator_;
   uint64_t load_seq_ = 0;
+  uint64_t save_seq_ = 0;                       // names the records of striped saves
   std::unique_ptr<internal::AsyncSave> async_;  // last: joined first
 };
 
@@ -227,6 +241,17 @@ Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(c10::intrusive_ptr<c10d:
 Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
                         const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                         const std::vector<std::string>& devices = {});
+// The same into one rank's stripe of a striped save.
+Status WriteSafetensors(StripeWriter& stripe, const std::string& object,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::vector<std::string>& devices = {});
+
+// The metadata key under which a striped save records which object a
+// stripe's tensor file is a part of: kStripePartPrefix + "model.part-2.safetensors"
+// = "model.safetensors".
+inline constexpr char kStripePartPrefix[] = "ckptio.part.";
+// The object `object` is a part of (itself when it is not a stripe's part).
+std::string StripeBaseObject(const Manifest& manifest, const std::string& object);
 
 // Reads tensor `name` of `object` from a verified checkpoint onto `device`.
 Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,

@@ -45,7 +45,7 @@ class C10dCoordinator : public Coordinator {
       store_->wait({SaveKey(step)}, timeout);
       return OkStatus();
     });
-        if (!waited.ok())
+    if (!waited.ok())
       return WaitError(waited, timeout, "rank 0 to commit step " + std::to_string(step));
     return Outcome(step);
   }
@@ -64,7 +64,7 @@ class C10dCoordinator : public Coordinator {
       value = Text(store_->get(DecisionKey(name)));
       return OkStatus();
     });
-    if (!s.ok()) return WaitError(s, timeout, "rank 0 to publish \"" + name + "\"");
+    if (!s.ok()) return WaitError(s, timeout, "\"" + name + "\" to be published");
     return value;
   }
 
@@ -78,9 +78,9 @@ class C10dCoordinator : public Coordinator {
       return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
                                                  " ms waiting for " + what +
                                                  " (wait mode c10d-store): " + m);
-    return Status(Code::kUnavailable, "lost the c10d store while waiting for " + what +
-                                          " (did rank 0, or the agent serving the store, die?): " +
-                                          m);
+    return Status(Code::kUnavailable,
+                  "lost the c10d store while waiting for " + what +
+                      " (did rank 0, or the agent serving the store, die?): " + m);
   }
 
   static std::string SaveKey(int64_t step) { return "ckptio/save/" + std::to_string(step); }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "ckptio/backends.h"
@@ -27,6 +28,8 @@ struct SavePlan {
   std::vector<std::pair<std::string, const torch::optim::Optimizer*>> optimizers;  // object, live
   std::vector<std::pair<std::string, std::string>> archives;  // object, archived bytes
   std::map<std::string, std::string> metadata;
+  // Rank 0 of a striped save: the part objects the other ranks must deliver.
+  std::set<std::string> stripes;
 };
 }  // namespace internal
 
@@ -130,6 +133,85 @@ void ParallelCopy(const std::vector<CopyJob>& jobs) {
   for (auto& t : helpers) t.join();
 }
 
+std::string PartObject(const std::string& object, int rank) {
+  const std::string suffix = ".safetensors";
+  std::string stem = object.size() > suffix.size() && object.compare(object.size() - suffix.size(),
+                                                                     suffix.size(), suffix) == 0
+                         ? object.substr(0, object.size() - suffix.size())
+                         : object;
+  return stem + ".part-" + std::to_string(rank) + suffix;
+}
+
+// Rank `rank`'s share of a striped save of `full`: tensors go, largest
+// first, to the rank with the fewest bytes so far (ties: the lowest rank),
+// which every rank computes alike from the same layout. Rank 0 keeps its
+// parts under the objects' own names (even when empty), the optimizers and
+// the metadata, and learns which part objects the others will deliver.
+SavePlan StripePart(const SavePlan& full, int rank, int world) {
+  struct Unit {
+    size_t object, index;
+    uint64_t bytes;
+  };
+  std::vector<Unit> units;
+  for (size_t i = 0; i < full.tensor_objects.size(); ++i)
+    for (size_t j = 0; j < full.tensor_objects[i].tensors.size(); ++j) {
+      const torch::Tensor& t = full.tensor_objects[i].tensors[j].second;
+      if (t.defined()) units.push_back({i, j, t.nbytes()});
+    }
+  std::stable_sort(units.begin(), units.end(),
+                   [](const Unit& a, const Unit& b) { return a.bytes > b.bytes; });
+  std::vector<uint64_t> load(static_cast<size_t>(world), 0);
+  std::vector<std::vector<int>> owner(full.tensor_objects.size());
+  for (size_t i = 0; i < full.tensor_objects.size(); ++i)
+    owner[i].assign(full.tensor_objects[i].tensors.size(), 0);
+  for (const Unit& u : units) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[static_cast<size_t>(r)] += u.bytes;
+    owner[u.object][u.index] = r;
+  }
+  SavePlan part;
+  if (rank == 0) {
+    part.optimizers = full.optimizers;
+    part.archives = full.archives;
+    part.metadata = full.metadata;
+  }
+  for (size_t i = 0; i < full.tensor_objects.size(); ++i) {
+    const auto& to = full.tensor_objects[i];
+    std::vector<SavePlan::TensorObject> per_rank(static_cast<size_t>(world));
+    for (size_t j = 0; j < to.tensors.size(); ++j) {
+      auto& mine = per_rank[static_cast<size_t>(owner[i][j])];
+      mine.tensors.push_back(to.tensors[j]);
+      mine.devices.push_back(to.devices[j]);
+    }
+    for (int r = 0; r < world; ++r) {
+      auto& p = per_rank[static_cast<size_t>(r)];
+      if (r != 0 && p.tensors.empty()) continue;
+      p.item = to.item;
+      p.object = r == 0 ? to.object : PartObject(to.object, r);
+      if (rank == 0 && r != 0) {
+        part.metadata[kStripePartPrefix + p.object] = to.object;
+        part.stripes.insert(p.object);
+      }
+      if (r == rank) part.tensor_objects.push_back(std::move(p));
+    }
+  }
+  return part;
+}
+
+// A rank's failure, as it travels in place of a receipt or a go-ahead.
+std::string ErrorPayload(const Status& s) {
+  return "error:" + std::to_string(static_cast<int>(s.code())) + ":" + s.message();
+}
+std::optional<Status> PayloadError(const std::string& payload) {
+  if (payload.rfind("error:", 0) != 0) return std::nullopt;
+  size_t colon = payload.find(':', 6);
+  int code = colon == std::string::npos ? 0 : std::atoi(payload.substr(6, colon - 6).c_str());
+  if (code <= 0 || code > static_cast<int>(Code::kInternal))
+    code = static_cast<int>(Code::kInternal);
+  return Status(static_cast<Code>(code),
+                colon == std::string::npos ? payload : payload.substr(colon + 1));
+}
+
 // Streams an optimizer's LibTorch archive to `write` (no copy in memory).
 Status ArchiveOptimizer(const torch::optim::Optimizer& optimizer, const std::string& object,
                         const std::function<Status(const void*, size_t)>& write) {
@@ -218,10 +300,10 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
                     const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
                     const MapLocation& map, const RankInfo& rank, std::vector<torch::Tensor>* out) {
   CheckpointReader& reader = *opened.reader;
-  CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(object));
-  std::map<std::string, const TensorEntry*> saved;
+  CKPTIO_RETURN_IF_ERROR(opened.View(object).status());
+  std::map<std::string, const TensorEntry*> saved;  // from the object and its stripes' parts
   for (const auto& t : reader.manifest().tensors)
-    if (t.object == object) saved[t.name] = &t;
+    if (StripeBaseObject(reader.manifest(), t.object) == object) saved[t.name] = &t;
   std::string where = "step " + std::to_string(reader.step()) + ", " + what;
   for (const auto& [name, live] : wanted) {
     auto it = saved.find(name);
@@ -235,6 +317,7 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
                                                 ShapeStr(e.shape) + " in the checkpoint but " +
                                                 ShapeStr(live.sizes().vec()) + " in the model");
     CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(e.device, rank));
+    CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(e.object));
     CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, e, device));
     if (t.scalar_type() != live.scalar_type())
       return Status(Code::kInvalidArgument,
@@ -300,16 +383,17 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
   if (!loose_wanted.empty()) {
     // Loose tensors take the saved shape and dtype, whatever the target
     // held before (like torch::load of a tensor).
-    CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(kTensorsObject));
+    CKPTIO_RETURN_IF_ERROR(opened.View(kTensorsObject).status());
     std::map<std::string, const TensorEntry*> saved;
     for (const auto& t : reader.manifest().tensors)
-      if (t.object == kTensorsObject) saved[t.name] = &t;
+      if (StripeBaseObject(reader.manifest(), t.object) == kTensorsObject) saved[t.name] = &t;
     for (size_t i = 0; i < loose_wanted.size(); ++i) {
       auto it = saved.find(loose_wanted[i].first);
       if (it == saved.end())
         return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) + ": tensor \"" +
                                            loose_wanted[i].first + "\" is listed but not stored");
       CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(it->second->device, rank));
+      CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(it->second->object));
       CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, *it->second, device));
       staged.tensors.emplace_back(loose_targets[i], t);
     }
@@ -440,7 +524,13 @@ Status Checkpointer::ConfirmCommitted(int64_t step) {
 
 Status Checkpointer::Save(int64_t step, const State& state) {
   CKPTIO_RETURN_IF_ERROR(FinishAsync());
-  return SaveNow(step, rank_.rank == 0 ? Plan(state) : SavePlan());
+  return SaveNow(step, PlanFor(state));
+}
+
+SavePlan Checkpointer::PlanFor(const State& state) const {
+  if (options_.stripe && rank_.world_size > 1)
+    return StripePart(Plan(state), rank_.rank, rank_.world_size);
+  return rank_.rank == 0 ? Plan(state) : SavePlan();
 }
 
 std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
@@ -461,9 +551,8 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     promise.set_value(std::move(s));
     return std::move(future);
   };
-  SavePlan plan;
-  if (rank_.rank == 0) {
-    plan = Plan(state);
+  SavePlan plan = PlanFor(state);
+  {
     // Staging: every tensor copied, 64-byte aligned, into one reused buffer.
     constexpr uint64_t kAlign = 64;
     uint64_t need = 0;
@@ -485,12 +574,12 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     }
     Status staged = Guard("staging the state of step " + std::to_string(step), [&]() -> Status {
       const bool pinned = cuda && torch::cuda::is_available();
-      if (!as.staging.defined() || static_cast<uint64_t>(as.staging.numel()) < need ||
-          (pinned && !as.staging.is_pinned()))
+      if (need > 0 && (!as.staging.defined() || static_cast<uint64_t>(as.staging.numel()) < need ||
+                       (pinned && !as.staging.is_pinned())))
         as.staging =
             torch::empty({static_cast<int64_t>(std::max<uint64_t>(need, 1))},
                          torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
-      char* base = static_cast<char*>(as.staging.data_ptr());
+      char* base = need > 0 ? static_cast<char*>(as.staging.data_ptr()) : nullptr;
       uint64_t off = 0;
       torch::NoGradGuard no_grad;
       std::vector<CopyJob> memcpys;  // contiguous CPU tensors: copied on every core
@@ -532,6 +621,7 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
 }
 
 Status Checkpointer::SaveNow(int64_t step, const SavePlan& plan) {
+  if (options_.stripe && rank_.world_size > 1) return SaveStripe(step, plan);
   const std::string what = rank_.ToString() + ": save of step " + std::to_string(step);
   if (rank_.rank != 0) {
     CKPTIO_RETURN_IF_ERROR(coordinator_->WaitSaved(step, options_.timeout).WithContext(what));
@@ -551,6 +641,83 @@ Status Checkpointer::SaveNow(int64_t step, const SavePlan& plan) {
     return OkStatus();
   }();
   Status published = coordinate ? coordinator_->EndSave(step, outcome) : OkStatus();
+  CKPTIO_RETURN_IF_ERROR(outcome.WithContext(what));
+  return published.WithContext(what + " committed, but telling the other ranks failed");
+}
+
+// A striped save, in order:
+//   1. rank 0 takes the save (coordination), begins the step (clearing a
+//      torn attempt at it) and publishes "go" (or its error);
+//   2. every other rank writes its part objects into the step, each
+//      committed durably, and publishes its receipt (or its error);
+//   3. rank 0 writes its own part, the optimizers and the metadata, adds
+//      every receipt (each part object must be there, with its size), and
+//      commits; the other ranks return once the step is committed.
+// The records are named by a counter every rank advances alike, so a retry
+// of the same step never reads an earlier attempt's receipts.
+Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
+  const std::string what = rank_.ToString() + ": striped save of step " + std::to_string(step);
+  const std::string seq = std::to_string(++save_seq_);
+  const std::string go = "stripe-go-" + seq;
+  auto receipt_of = [&](int r) { return "stripe-" + seq + "-" + std::to_string(r); };
+  if (rank_.rank != 0) {
+    auto started = coordinator_->WaitFor(go, options_.timeout);
+    if (!started.ok())
+      return started.status().WithContext(what + ": waiting for rank 0 to begin the step");
+    if (auto e = PayloadError(*started))
+      return e->WithContext(what + ": rank 0 could not begin the step");
+    Status wrote = [&]() -> Status {
+      CKPTIO_ASSIGN_OR_RETURN(auto stripe,
+                              store_->BeginStripe(step, rank_.rank, options_.chunk_size));
+      for (const auto& to : plan.tensor_objects)
+        CKPTIO_RETURN_IF_ERROR(Guard("saving " + to.item, [&] {
+          return WriteSafetensors(*stripe, to.object, to.tensors, to.devices);
+        }));
+      CKPTIO_ASSIGN_OR_RETURN(StripeReceipt receipt, stripe->Finish());
+      return coordinator_->Publish(receipt_of(rank_.rank), SerializeStripeReceipt(receipt));
+    }();
+    if (!wrote.ok()) {
+      (void)coordinator_->Publish(receipt_of(rank_.rank), ErrorPayload(wrote));
+      return wrote.WithContext(what);
+    }
+    CKPTIO_RETURN_IF_ERROR(coordinator_->WaitSaved(step, options_.timeout).WithContext(what));
+    return ConfirmCommitted(step).WithContext(what);
+  }
+  CKPTIO_RETURN_IF_ERROR(coordinator_->BeginSave(step, options_.timeout).WithContext(what));
+  Status outcome = [&]() -> Status {
+    auto pending = writer_->Begin(step);
+    CKPTIO_RETURN_IF_ERROR(
+        coordinator_->Publish(go, pending.ok() ? "ok" : ErrorPayload(pending.status())));
+    if (!pending.ok()) return pending.status();
+    CKPTIO_RETURN_IF_ERROR(WritePlan(**pending, plan));
+    std::set<std::string> expected = plan.stripes;
+    for (int r = 1; r < rank_.world_size; ++r) {
+      const std::string whose = "rank " + std::to_string(r) + "'s stripe";
+      auto payload = coordinator_->WaitFor(receipt_of(r), options_.timeout);
+      if (!payload.ok()) return payload.status().WithContext("waiting for " + whose);
+      if (auto e = PayloadError(*payload)) return e->WithContext(whose + " failed");
+      CKPTIO_ASSIGN_OR_RETURN(StripeReceipt receipt, ParseStripeReceipt(*payload, whose));
+      if (receipt.rank != r || receipt.step != step)
+        return Status(Code::kDataLoss, whose + ": the receipt is rank " +
+                                           std::to_string(receipt.rank) + "'s, for step " +
+                                           std::to_string(receipt.step));
+      for (const auto& o : receipt.objects)
+        if (expected.erase(o.name) == 0)
+          return Status(Code::kInvalidArgument,
+                        whose + " holds " + o.name +
+                            ", which its part does not name: do all ranks save the same state?");
+      CKPTIO_RETURN_IF_ERROR((*pending)->AddStripe(receipt));
+    }
+    if (!expected.empty())
+      return Status(Code::kInvalidArgument,
+                    "no rank delivered " + *expected.begin() +
+                        ": do all ranks save the same state with stripe on?");
+    auto info = (*pending)->Commit();
+    if (!info.ok()) return info.status();
+    if (!info->retention.ok()) std::cerr << "ckptio: warning: " << info->retention << "\n";
+    return OkStatus();
+  }();
+  Status published = coordinator_->EndSave(step, outcome);
   CKPTIO_RETURN_IF_ERROR(outcome.WithContext(what));
   return published.WithContext(what + " committed, but telling the other ranks failed");
 }

@@ -35,9 +35,13 @@ std::optional<torch::ScalarType> TypeOf(const std::string& name) {
 
 }  // namespace
 
-Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
-                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                        const std::vector<std::string>& devices) {
+namespace {
+// Writes into a PendingCheckpoint or a StripeWriter (both have AddObject
+// and AddTensor).
+template <typename Sink>
+Status WriteSafetensorsTo(Sink& pending, const std::string& object,
+                          const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                          const std::vector<std::string>& devices) {
   struct Item {
     std::string name;
     torch::Tensor cpu;  // contiguous, on the CPU
@@ -103,6 +107,19 @@ Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
   }
   return stream->Close();
 }
+}  // namespace
+
+Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::vector<std::string>& devices) {
+  return WriteSafetensorsTo(pending, object, tensors, devices);
+}
+
+Status WriteSafetensors(StripeWriter& stripe, const std::string& object,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::vector<std::string>& devices) {
+  return WriteSafetensorsTo(stripe, object, tensors, devices);
+}
 
 Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
                                  torch::Device device) {
@@ -157,6 +174,11 @@ Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
     return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
                                                  ": " + e.what_without_backtrace());
   }
+}
+
+std::string StripeBaseObject(const Manifest& manifest, const std::string& object) {
+  auto it = manifest.metadata.find(kStripePartPrefix + object);
+  return it == manifest.metadata.end() ? object : it->second;
 }
 
 // ------------------------------------------------------------- map_location

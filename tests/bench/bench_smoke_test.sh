@@ -12,7 +12,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 need = ["save_vs_raw_write", "load_vs_torch_load", "load_vs_raw_read", "save_vs_torch_save",
         "async_stall_vs_sync_save", "small_tensors_save_vs_raw_write", "save_vs_python_save",
-        "load_vs_python_load"]
+        "load_vs_python_load", "memcpy_vs_async_stall", "module_load_vs_raw_read",
+        "striped_save_vs_rank0_save_4ranks"]
 missing = [k for k in need if k not in d["ratios"]]
 assert not missing, "missing ratios: %s" % missing
 for shape in ("large", "small"):
@@ -20,6 +21,11 @@ for shape in ("large", "small"):
     for k in ("raw_write", "ckptio_save", "torch_save", "python_save", "raw_read",
               "ckptio_load", "torch_load", "python_load", "raw_read_cold", "ckptio_load_cold"):
         assert s[k] > 0, (shape, k)
+large = d["shapes"]["large"]["seconds"]
+for k in ("ckptio_load_module", "memcpy", "ckptio_save_async_stall", "ckptio_save_4ranks",
+          "ckptio_save_striped_4ranks"):
+    assert large[k] > 0, k
+assert all(v is not None and v > 0 for v in d["ratios"].values()), d["ratios"]
 assert d["machine"]["cores"] >= 1
 print("bench smoke: %d ratios, every contender timed for both shapes" % len(d["ratios"]))
 PY

@@ -12,7 +12,9 @@
 // cold numbers are an upper bound on what a reboot would give).
 #include <fcntl.h>
 #include <nfsc/libnfs.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -202,9 +204,97 @@ std::string WithSub(const std::string& uri, const std::string& sub) {
   return q == std::string::npos ? uri + "/" + sub : uri.substr(0, q) + "/" + sub + uri.substr(q);
 }
 
+// One rank of the multi-rank save measurement (a fresh process, started by
+// StripeRanks): saves the "large" tensors `repeat` times with rank 0
+// writing everything, then `repeat` times striped, alternating; rank 0
+// writes "plain <seconds>" / "striped <seconds>" lines to `report`.
+int StripeChild(const std::string& store_dir, int64_t size_mib, int repeat,
+                const std::string& report) {
+  torch::set_num_threads(1);
+  auto rank = ckptio::RankInfo::FromEnv();
+  if (!rank.ok()) Die(rank.status().ToString());
+  const Shape shape{"large", 8, (size_mib << 20) / 8 / 4};
+  std::vector<torch::Tensor> tensors = MakeTensors(shape);
+  ckptio::State state = StateOf(tensors);
+  // A barrier: nobody starts timing while another rank still builds its
+  // tensors (that would steal the CPU from the measured save).
+  fs::create_directories(store_dir);
+  std::ofstream(store_dir + "/ready-" + std::to_string(rank->rank)).put('1');
+  for (int r = 0; r < rank->world_size; ++r)
+    while (!fs::exists(store_dir + "/ready-" + std::to_string(r)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::unique_ptr<ckptio::Checkpointer> ckpt[2];
+  for (bool striped : {false, true}) {
+    ckptio::CheckpointerOptions o;
+    o.stripe = striped;
+    o.keep_last = 1;
+    o.timeout = std::chrono::minutes(5);
+    auto c = ckptio::Checkpointer::Open(store_dir + (striped ? "/striped" : "/plain"), *rank, o);
+    if (!c.ok()) Die(c.status().ToString());
+    ckpt[striped] = std::move(*c);
+  }
+  std::ofstream out;
+  if (rank->rank == 0) out.open(report);
+  for (int r = 1; r <= repeat; ++r)
+    for (bool striped : {false, true}) {
+      double secs = Seconds([&] { Check(ckpt[striped]->Save(r, state), "multi-rank save"); });
+      if (rank->rank == 0) out << (striped ? "striped " : "plain ") << secs << "\n";
+    }
+  return 0;
+}
+
+// Runs `world` ranks of StripeChild as fresh processes of this program and
+// collects rank 0's times.
+void StripeRanks(const char* self, const std::string& dir, int world, int64_t size_mib, int repeat,
+                 std::map<std::string, std::vector<double>>& t) {
+  const std::string report = dir + "/stripe-times.txt", store = dir + "/stripe-stores";
+  fs::remove_all(store);
+  std::vector<pid_t> pids;
+  const std::string job = "bench-" + std::to_string(::getpid());
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env_strings = {
+        "RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+        "WORLD_SIZE=" + std::to_string(world), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+        "CKPTIO_JOB_ID=" + job};
+    for (char** e = environ; *e; ++e) {
+      std::string v = *e;
+      if (v.rfind("RANK=", 0) && v.rfind("LOCAL_RANK=", 0) && v.rfind("WORLD_SIZE=", 0) &&
+          v.rfind("LOCAL_WORLD_SIZE=", 0) && v.rfind("CKPTIO_JOB_ID=", 0))
+        env_strings.push_back(v);
+    }
+    std::vector<char*> envp;
+    for (auto& v : env_strings) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = {
+        self, "--stripe-child", store, std::to_string(size_mib), std::to_string(repeat), report};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    if (::posix_spawn(&pid, self, nullptr, nullptr, argv.data(), envp.data()) != 0)
+      Die("posix_spawn " + std::string(self));
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("a multi-rank save rank failed");
+  }
+  std::ifstream in(report);
+  std::string kind;
+  double secs;
+  while (in >> kind >> secs)
+    t[kind == "striped" ? "ckptio_save_striped_" + std::to_string(world) + "ranks"
+                        : "ckptio_save_" + std::to_string(world) + "ranks"]
+        .push_back(secs);
+  fs::remove_all(store);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 6 && std::string(argv[1]) == "--stripe-child")
+    return StripeChild(argv[2], std::stoll(argv[3]), std::stoi(argv[4]), argv[5]);
   CLI::App app{"ckptio-bench: ckptio vs raw I/O, torch::save/load and torch.save/load"};
   std::string dir = "./bench-data", json_path, nfs_uri;
   int64_t size_mib = 256;
@@ -218,6 +308,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write every number here");
   app.add_option("--nfs", nfs_uri, "also measure over this NFSv3 nfs:// URI (an export)");
   app.add_flag("--no-python", no_python, "skip Python torch.save/load");
+  int stripe_ranks = 4;
+  app.add_option("--stripe-ranks", stripe_ranks,
+                 "also time saves by this many local ranks, rank 0 writing everything and "
+                 "striped (0: skip)")
+      ->check(CLI::Range(0, 64));
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
   fs::remove_all(dir);
@@ -351,6 +446,8 @@ int main(int argc, char** argv) {
       t["ckptio_load_cold"].push_back(Seconds(ckptio_load));
       if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes");
     }
+    if (stripe_ranks > 1 && shape.name == "large")
+      StripeRanks(argv[0], dir, stripe_ranks, size_mib, repeat, t);
     if (!nfs_uri.empty() && shape.name == "large") {
       RawNfs nfs(nfs_uri);
       const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
@@ -399,6 +496,12 @@ int main(int argc, char** argv) {
   if (!no_python) {
     ratios["save_vs_python_save"] = sec("large", "python_save") / sec("large", "ckptio_save");
     ratios["load_vs_python_load"] = sec("large", "python_load") / sec("large", "ckptio_load");
+  }
+  if (stripe_ranks > 1) {
+    const std::string w = std::to_string(stripe_ranks);
+    ratios["striped_save_vs_rank0_save_" + w + "ranks"] =
+        sec("large", ("ckptio_save_" + w + "ranks").c_str()) /
+        sec("large", ("ckptio_save_striped_" + w + "ranks").c_str());
   }
   if (!nfs_uri.empty()) {
     ratios["nfs_save_vs_raw_libnfs_write"] =

@@ -92,7 +92,8 @@ int Run(int argc, char** argv) {
   for (const auto& t : (*reader)->manifest().tensors) {
     auto tensor = ckptio::ReadTensor(**reader, t, torch::kCPU);
     if (!tensor.ok()) return std::cerr << "ckptio export: " << tensor.status() << "\n", 1;
-    std::string group = t.object.substr(0, t.object.rfind(".safetensors"));
+    const std::string base = ckptio::StripeBaseObject((*reader)->manifest(), t.object);
+    std::string group = base.substr(0, base.rfind(".safetensors"));
     groups[group].insert(t.name, *tensor);
     ++count;
   }
