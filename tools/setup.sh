@@ -22,8 +22,15 @@ PACKAGES=(
   nfs-ganesha nfs-ganesha-vfs rpcbind nfs-common  # a real NFS server for its tests
 )
 
+# tools/gpu-check.sh builds against a pip wheel's LibTorch instead.
+if [ -n "${CKPTIO_NO_DEBIAN_TORCH:-}" ]; then
+  PACKAGES=("${PACKAGES[@]/libtorch-dev/}")
+  PACKAGES=("${PACKAGES[@]/python3-torch/}")
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
+  [ -n "$p" ] || continue
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
     missing+=("$p")
 done
@@ -53,7 +60,8 @@ build_tree() {
     cmake -S "$CKPTIO_ROOT" -B "$dir" -G Ninja "$@" >/dev/null
   fi
   echo "setup: building into $dir"
-  cmake --build "$dir" -- -j"$(nproc)"
+  # shellcheck disable=SC2086
+  cmake --build "$dir" ${CKPTIO_BUILD_TARGETS:+--target $CKPTIO_BUILD_TARGETS} -- -j"$(nproc)"
 }
 
 # shellcheck disable=SC2086

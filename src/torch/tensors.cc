@@ -121,6 +121,32 @@ Status WriteSafetensors(StripeWriter& stripe, const std::string& object,
   return WriteSafetensorsTo(stripe, object, tensors, devices);
 }
 
+namespace {
+// Copies a contiguous CPU tensor (typically backed by a file map, which CUDA
+// cannot copy from directly) onto `device` through a pinned host buffer of
+// this thread, allocated once and reused: 64 MiB pieces, each a host memcpy
+// and a copy from pinned memory.
+torch::Tensor ToCudaThroughPinned(const torch::Tensor& cpu, torch::Device device) {
+  constexpr int64_t kPiece = 64 << 20;
+  thread_local torch::Tensor pinned;
+  if (!pinned.defined())
+    pinned =
+        torch::empty({kPiece}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  torch::Tensor out = torch::empty(cpu.sizes(), cpu.options().device(device));
+  const int64_t total = static_cast<int64_t>(cpu.nbytes());
+  const char* src = static_cast<const char*>(cpu.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (int64_t off = 0; off < total; off += kPiece) {
+    const int64_t n = std::min(kPiece, total - off);
+    std::memcpy(pinned.data_ptr(), src + off, static_cast<size_t>(n));
+    torch::Tensor gpu = torch::from_blob(
+        dst + off, {n}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
+    gpu.copy_(pinned.narrow(0, 0, n));  // synchronous: the buffer is reused next
+  }
+  return out;
+}
+}  // namespace
+
 Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
                                  torch::Device device) {
   auto type = TypeOf(entry.dtype);
@@ -134,6 +160,7 @@ Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& en
     CKPTIO_RETURN_IF_ERROR(reader.Read(entry.object, entry.offset, cpu.data_ptr(), entry.length));
   if (device.is_cpu()) return cpu;
   try {
+    if (device.is_cuda() && cpu.nbytes() > 0) return ToCudaThroughPinned(cpu, device);
     return cpu.to(device);
   } catch (const c10::Error& e) {
     return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
@@ -169,6 +196,7 @@ Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
   }
   if (device.is_cpu()) return cpu;
   try {
+    if (device.is_cuda() && cpu.nbytes() > 0) return ToCudaThroughPinned(cpu, device);
     return cpu.to(device);
   } catch (const c10::Error& e) {
     return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +

@@ -259,5 +259,32 @@ TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   CKPTIO_EXPECT_OK(waiting.get());
 }
 
+TEST_F(AsyncSaveTest, CudaTensorsAreStagedThroughPinnedMemory) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device on this machine: tools/gpu-check.sh runs this on a GPU machine";
+  Net net;
+  net.to(torch::Device("cuda:0"));
+  State state{{"model", net}};
+  auto ckpt = Open();
+  const auto snap = Snapshot(net);
+  gate_->Close();
+  auto saved = ckpt->SaveAsync(1, state);
+  EXPECT_FALSE(Ready(saved));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net.parameters()) p.fill_(3);
+  }
+  gate_->Open();
+  CKPTIO_ASSERT_OK(saved.get());
+  Net back;
+  back.to(torch::Device("cuda:0"));
+  State into{{"model", back}};
+  LoadOptions o;
+  o.map_location = MapLocation::To("cuda:0");
+  ASSERT_TRUE(ckpt->Load(into, o).ok());
+  for (const auto& p : back.parameters()) EXPECT_TRUE(p.is_cuda());
+  EXPECT_TRUE(SameAs(back, snap));
+}
+
 }  // namespace
 }  // namespace ckptio

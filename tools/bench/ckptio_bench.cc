@@ -205,6 +205,102 @@ std::string WithSub(const std::string& uri, const std::string& sub) {
   return q == std::string::npos ? uri + "/" + sub : uri.substr(0, q) + "/" + sub + uri.substr(q);
 }
 
+// --gpu DEVICE: the CUDA paths, on the "large" shape held on DEVICE.
+void GpuBench(const std::string& dir, const std::string& device_name, int64_t size_mib, int repeat,
+              json& out) {
+  if (!torch::cuda::is_available()) Die("--gpu: CUDA is not available on this machine");
+  const torch::Device device(device_name);
+  const Shape shape{"large", 8, (size_mib << 20) / 8 / 4};
+  std::vector<torch::Tensor> host = MakeTensors(shape), tensors;
+  for (const auto& h : host) tensors.push_back(h.to(device));
+  const double gib = static_cast<double>(shape.count * shape.elems * 4) / (1 << 30);
+  std::map<std::string, std::vector<double>> t;
+  auto sync = [] { torch::cuda::synchronize(); };
+  torch::Tensor pinned =
+      torch::empty({static_cast<int64_t>(size_mib << 20)},
+                   torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  pinned.fill_(1);
+  const std::string store = dir + "/gpu-store", async_store = dir + "/gpu-async-store";
+  ckptio::CheckpointerOptions o;
+  o.keep_last = 1;
+  auto async_ckpt = ckptio::Checkpointer::Open(async_store, ckptio::RankInfo{}, o);
+  if (!async_ckpt.ok()) Die(async_ckpt.status().ToString());
+  std::vector<torch::Tensor> async_tensors = tensors;
+  ckptio::State async_state = StateOf(async_tensors);
+  Check((*async_ckpt)->SaveAsync(0, async_state).get(), "SaveAsync (warm-up)");
+  ckptio::LoadOptions lo;
+  lo.map_location = ckptio::MapLocation::To(device);
+  for (int r = 0; r < repeat; ++r) {
+    t["d2h_pinned"].push_back(Seconds([&] {
+      int64_t off = 0;
+      for (const auto& x : tensors) {
+        int64_t n = static_cast<int64_t>(x.nbytes());
+        pinned.narrow(0, off, n).copy_(torch::from_blob(
+            x.data_ptr(), {n}, torch::TensorOptions().dtype(torch::kUInt8).device(device)));
+        off += n;
+      }
+      sync();
+    }));
+    std::future<ckptio::Status> done;
+    t["ckptio_save_async_stall"].push_back(
+        Seconds([&] { done = (*async_ckpt)->SaveAsync(r + 1, async_state); }));
+    Check(done.get(), "SaveAsync");
+    fs::remove_all(store);
+    std::vector<torch::Tensor> mine = tensors;
+    ckptio::State state = StateOf(mine);
+    CkptioSave(store, state, &t["ckptio_save"]);
+    auto module = std::make_shared<torch::nn::Module>();
+    for (size_t i = 0; i < tensors.size(); ++i)
+      module->register_parameter("t" + std::to_string(i), torch::zeros_like(tensors[i]), false);
+    const std::string mod_store = dir + "/gpu-module-store";
+    fs::remove_all(mod_store);
+    ckptio::State mstate{{"model", *module}};
+    std::vector<double> unused;
+    {
+      std::vector<torch::Tensor> src = tensors;  // save the real values under the module's names
+      auto saver = std::make_shared<torch::nn::Module>();
+      for (size_t i = 0; i < src.size(); ++i)
+        saver->register_parameter("t" + std::to_string(i), src[i], false);
+      ckptio::State sstate{{"model", *saver}};
+      CkptioSave(mod_store, sstate, &unused);
+    }
+    t["ckptio_load_module"].push_back(Seconds([&] {
+      auto ckpt = ckptio::Checkpointer::Open(mod_store, ckptio::RankInfo{});
+      if (!ckpt.ok()) Die(ckpt.status().ToString());
+      auto got = (*ckpt)->Load(mstate, lo);
+      if (!got.ok()) Die(got.status().ToString());
+      sync();
+    }));
+    if (!torch::equal(module->parameters().back(), tensors.back()))
+      Die("ckptio loaded different bytes onto " + device_name);
+    const std::string tpt = dir + "/gpu-torch.pt";
+    torch::save(host, tpt);
+    t["torch_load_to_device"].push_back(Seconds([&] {
+      std::vector<torch::Tensor> back;
+      torch::load(back, tpt, device);
+      sync();
+    }));
+  }
+  json& js = out["gpu"];
+  js["device"] = device_name;
+  js["gib"] = gib;
+  std::printf("\ngpu (%s): 8 tensors, %.3f GiB on the device, median of %d\n", device_name.c_str(),
+              gib, repeat);
+  for (const auto& [name, v] : t) {
+    const double m = Median(v);
+    js["seconds"][name] = m;
+    js["gib_per_s"][name] = gib / m;
+    std::printf("  %-26s %10.3f %10.3f\n", name.c_str(), m, gib / m);
+  }
+  auto sec = [&](const char* what) { return js["seconds"].value(what, 0.0); };
+  js["ratios"]["d2h_vs_async_stall"] = sec("d2h_pinned") / sec("ckptio_save_async_stall");
+  js["ratios"]["async_stall_vs_sync_save"] = sec("ckptio_save") / sec("ckptio_save_async_stall");
+  js["ratios"]["module_load_vs_torch_load"] =
+      sec("torch_load_to_device") / sec("ckptio_load_module");
+  for (auto it = js["ratios"].begin(); it != js["ratios"].end(); ++it)
+    std::printf("  %-32s %.3f\n", it.key().c_str(), it->get<double>());
+}
+
 // One rank of the multi-rank save measurement (a fresh process, started by
 // StripeRanks): saves the "large" tensors `repeat` times with rank 0
 // writing everything, then `repeat` times striped, alternating; rank 0
@@ -309,6 +405,10 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write every number here");
   app.add_option("--nfs", nfs_uri, "also measure over this NFSv3 nfs:// URI (an export)");
   app.add_flag("--no-python", no_python, "skip Python torch.save/load");
+  std::string gpu;
+  app.add_option("--gpu", gpu,
+                 "only measure the CUDA paths on this device (e.g. cuda:0): async save of "
+                 "device tensors, verified load onto the device");
   int stripe_ranks = 4;
   app.add_option("--stripe-ranks", stripe_ranks,
                  "also time saves by this many local ranks, rank 0 writing everything and "
@@ -321,6 +421,13 @@ int main(int argc, char** argv) {
   const std::string script = dir + "/torch_bench.py";
   std::ofstream(script) << kPython;
 
+  if (!gpu.empty()) {
+    json out;
+    GpuBench(dir, gpu, size_mib, repeat, out);
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    fs::remove_all(dir);
+    return 0;
+  }
   const int64_t bytes = size_mib << 20;
   std::vector<Shape> shapes = {{"large", 8, bytes / 8 / 4}, {"small", 10000, 1024}};
   json out;
