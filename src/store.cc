@@ -638,10 +638,8 @@ Status PendingCheckpoint::AddStripe(const StripeReceipt& receipt) {
   for (const ObjectEntry& o : receipt.objects) {
     CKPTIO_RETURN_IF_ERROR(ValidateObjectName(o.name).WithContext(what));
     if (st.names.count(o.name))
-      return Status(Code::kInvalidArgument, what +
-                                                ": object "
-                                                " + o.name + "
-                                                " is already in the step");
+      return Status(Code::kInvalidArgument,
+                    what + ": object \"" + o.name + "\" is already in the step");
     auto info = backend.Stat(st.dir + o.name);
     if (!info.ok()) {
       if (info.status().code() != Code::kNotFound) return info.status().WithContext(what);

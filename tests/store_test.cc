@@ -359,8 +359,9 @@ TEST_P(ViewTest, ATruncatedObjectIsDataLoss) {
   EXPECT_EQ(Open(1)->View("a").status().code(), Code::kDataLoss);
 }
 
-INSTANTIATE_TEST_SUITE_P(MapAndBuffer, ViewTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Buffer" : "Map"; });
+INSTANTIATE_TEST_SUITE_P(MapAndBuffer, ViewTest, ::testing::Bool(), [](const auto& param_info) {
+  return param_info.param ? "Buffer" : "Map";
+});
 
 TEST_F(StoreTest, AStripedStepCommitsEveryRanksObjects) {
   auto w = Writer();
@@ -409,7 +410,10 @@ TEST_F(StoreTest, AStripeTheWriterCannotFindOrThatClashesIsRefused) {
   EXPECT_EQ(pending->AddStripe(wrong_step).code(), Code::kInvalidArgument);
   StripeReceipt clash = receipt;
   clash.objects[0].name = "a.bin";
-  EXPECT_EQ(pending->AddStripe(clash).code(), Code::kInvalidArgument);
+  Status clashed = pending->AddStripe(clash);
+  EXPECT_EQ(clashed.code(), Code::kInvalidArgument);
+  EXPECT_NE(clashed.message().find("object \"a.bin\" is already in the step"), std::string::npos)
+      << clashed;
   StripeReceipt wrong_size = receipt;
   wrong_size.objects[0].size = 9;
   Status s = pending->AddStripe(wrong_size);

@@ -175,6 +175,7 @@ class Checkpointer {
   Status Save(int64_t step, const State& state);
 
   // Rank 0: Save. Other ranks: return at once; Poll() / Wait() later.
+  // InvalidArgument with stripe on (use SaveAsync).
   class Ticket {
    public:
     int64_t step() const { return step_; }

@@ -753,6 +753,10 @@ Status Checkpointer::Ticket::Wait() {
 
 Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
   CKPTIO_RETURN_IF_ERROR(FinishAsync());
+  if (options_.stripe && rank_.world_size > 1)
+    return Status(Code::kInvalidArgument,
+                  "SaveNonBlocking does not stripe (every rank writes its part of a striped "
+                  "save); use SaveAsync, whose future resolves at the commit");
   Ticket t;
   t.owner_ = this;
   t.step_ = step;

@@ -1,5 +1,6 @@
 // Tensors <-> safetensors objects, and map_location.
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "ckptio/torch.h"
@@ -123,15 +124,19 @@ Status WriteSafetensors(StripeWriter& stripe, const std::string& object,
 
 namespace {
 // Copies a contiguous CPU tensor (typically backed by a file map, which CUDA
-// cannot copy from directly) onto `device` through a pinned host buffer of
-// this thread, allocated once and reused: 64 MiB pieces, each a host memcpy
-// and a copy from pinned memory.
+// cannot copy from directly) onto `device` through one pinned host buffer
+// of the process, allocated on first use and reused (never freed: freeing
+// pinned memory after CUDA shut down at exit is an error): 64 MiB pieces,
+// each a host memcpy and a copy from pinned memory.
 torch::Tensor ToCudaThroughPinned(const torch::Tensor& cpu, torch::Device device) {
   constexpr int64_t kPiece = 64 << 20;
-  thread_local torch::Tensor pinned;
-  if (!pinned.defined())
-    pinned =
-        torch::empty({kPiece}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  static std::mutex mu;
+  static torch::Tensor* pinned_buffer = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!pinned_buffer)
+    pinned_buffer = new torch::Tensor(
+        torch::empty({kPiece}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true)));
+  torch::Tensor& pinned = *pinned_buffer;
   torch::Tensor out = torch::empty(cpu.sizes(), cpu.options().device(device));
   const int64_t total = static_cast<int64_t>(cpu.nbytes());
   const char* src = static_cast<const char*>(cpu.data_ptr());

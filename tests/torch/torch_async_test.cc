@@ -259,6 +259,55 @@ TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   CKPTIO_EXPECT_OK(waiting.get());
 }
 
+TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
+  // Both ranks stage their part and return; their background threads stripe
+  // and commit; a change made right after the calls is not in the step.
+  RankInfo r0, r1;
+  r0.world_size = r1.world_size = 2;
+  r0.local_world_size = r1.local_world_size = 2;
+  r1.rank = r1.local_rank = 1;
+  r0.job_id = r1.job_id = "striped-async-test";
+  CheckpointerOptions o;
+  o.timeout = 20s;
+  o.stripe = true;
+  auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
+  ASSERT_TRUE(c1.ok()) << c1.status();
+  auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  Net net;  // both "ranks" save the same module, as DDP replicas would
+  State state{{"model", net}};
+  const auto snap = Snapshot(net);
+  auto f1 = (*c1)->SaveAsync(3, state);
+  auto f0 = (*c0)->SaveAsync(3, state);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net.parameters()) p.zero_();
+  }
+  CKPTIO_ASSERT_OK(f0.get());
+  CKPTIO_ASSERT_OK(f1.get());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, (*c0)->store().OpenStep(3));
+  CKPTIO_EXPECT_OK(reader->Verify());
+  EXPECT_NE(reader->manifest().Find("model.part-1.safetensors"), nullptr) << "rank 1 wrote no part";
+  EXPECT_EQ(reader->manifest().metadata.count("ckptio.part.model.part-1.safetensors"), 1u);
+  // Every rank loads (rank 0 decides, rank 1 waits for its decision).
+  Net back0, back1;
+  Status loaded0;
+  std::thread rank0([&] {
+    State into{{"model", back0}};
+    auto got = (*c0)->Load(into);
+    loaded0 = got.status();
+  });
+  State into1{{"model", back1}};
+  auto got1 = (*c1)->Load(into1);
+  rank0.join();
+  CKPTIO_ASSERT_OK(loaded0);
+  ASSERT_TRUE(got1.ok()) << got1.status();
+  EXPECT_TRUE(SameAs(back0, snap));
+  EXPECT_TRUE(SameAs(back1, snap));
+  EXPECT_EQ((*c1)->SaveNonBlocking(4, state).status().code(), Code::kInvalidArgument)
+      << "SaveNonBlocking cannot stripe";
+}
+
 TEST_F(AsyncSaveTest, CudaTensorsAreStagedThroughPinnedMemory) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device on this machine: tools/gpu-check.sh runs this on a GPU machine";
