@@ -438,15 +438,22 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
     }
   }
   torch::NoGradGuard no_grad;
+  std::vector<CopyJob> memcpys;  // contiguous CPU parameters: copied on every core
   for (auto& [target, loaded] : staged.module_tensors) {
     // Into the module's own memory where it already has the right place:
     // no fresh allocation, and the parameter keeps its storage.
     if (target.device() == loaded.device() && target.dtype() == loaded.dtype() &&
-        target.sizes() == loaded.sizes())
-      target.copy_(loaded);
-    else
+        target.sizes() == loaded.sizes()) {
+      if (target.device().is_cpu() && target.is_contiguous() && loaded.is_contiguous())
+        memcpys.push_back({static_cast<char*>(target.data_ptr()),
+                           static_cast<const char*>(loaded.data_ptr()), target.nbytes()});
+      else
+        target.copy_(loaded);
+    } else {
       target.set_data(loaded);
+    }
   }
+  ParallelCopy(memcpys);
   for (auto& [target, loaded] : staged.tensors) *target = loaded;
   state.metadata = std::move(staged.metadata);
   return OkStatus();
