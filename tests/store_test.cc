@@ -261,13 +261,9 @@ TEST_F(StoreTest, ReadOfATruncatedObjectIsDataLossAndZeroesTheBuffer) {
 }
 
 // Forwards to a backend but cannot map objects: views take the buffer path.
-class NoMapBackend : public StorageBackend {
+class NoMapBackend : public testing::ForwardingBackend {
  public:
-  explicit NoMapBackend(std::shared_ptr<StorageBackend> inner) : inner_(std::move(inner)) {}
-  std::string Uri() const override { return inner_->Uri(); }
-  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
-    return inner_->NewObject(key, mode);
-  }
+  using ForwardingBackend::ForwardingBackend;
   Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
     struct Reader : ObjectReader {
       std::unique_ptr<ObjectReader> inner;
@@ -276,19 +272,11 @@ class NoMapBackend : public StorageBackend {
         return inner->ReadAt(offset, buf, size);
       }
     };
-    CKPTIO_ASSIGN_OR_RETURN(auto inner, inner_->OpenObject(key));
+    CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::OpenObject(key));
     auto r = std::make_unique<Reader>();
     r->inner = std::move(inner);
     return std::unique_ptr<ObjectReader>(std::move(r));
   }
-  Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
-  Result<std::vector<std::string>> List(std::string_view prefix) override {
-    return inner_->List(prefix);
-  }
-  Status Delete(std::string_view key) override { return inner_->Delete(key); }
-
- private:
-  std::shared_ptr<StorageBackend> inner_;
 };
 
 // View on the POSIX backend (a private memory map) and on one that cannot

@@ -47,8 +47,9 @@ HEAD
   echo 'is kept or undone at random and unsynced tails partly kept with junk ("garble"),'
   echo 'the LevelDB/RocksDB fault-injection model. Every k of each operation, both modes,'
   echo 'plus a cut right after the operation returned: the same invariants as above, and a'
-  echo 'save that returned OK must survive. `tests/torch/torch_power_loss_test.cc` does the'
-  echo 'same for a LibTorch save (module, Adam, tensor) and loads the result bit-exactly.'
+  echo 'save that returned OK must survive; the striped save has a second rank commit its'
+  echo 'objects into the step and hand the writer a receipt. `tests/torch/torch_power_loss_test.cc`'
+  echo 'does the same for a LibTorch save (module, Adam, tensor) and loads the result bit-exactly.'
   echo
   lines '^power-loss sweep' "$bin/fault_sweep_test" --gtest_filter=*PowerLoss*
   lines '^torch power loss' "$bin/torch_power_loss_test"
@@ -71,7 +72,8 @@ HEAD
   echo "## Ranks: commits, deaths and agreement (real processes)"
   echo
   echo 'Tests: `tests/coordination_test.cc` (core), `tests/torch/torch_ranks_test.cc`'
-  echo '(Checkpointer with 4 ranks), `tests/ddp/kill_resume_test.sh` (the DDP demo).'
+  echo '(Checkpointer with 4 ranks, plain and striped saves), `tests/ddp/kill_resume_test.sh`'
+  echo '(the DDP demo).'
   echo
   lines '^coordination' "$bin/coordination_test"
   lines '^(torch-ranks|random kills)' "$bin/torch_ranks_test"

@@ -150,6 +150,19 @@ torch::Tensor ToCudaThroughPinned(const torch::Tensor& cpu, torch::Device device
   }
   return out;
 }
+
+// `cpu` (tensor `entry`, verified) on `device`.
+Result<torch::Tensor> OnDevice(const torch::Tensor& cpu, const TensorEntry& entry,
+                               torch::Device device) {
+  if (device.is_cpu()) return cpu;
+  try {
+    if (device.is_cuda() && cpu.nbytes() > 0) return ToCudaThroughPinned(cpu, device);
+    return cpu.to(device);
+  } catch (const c10::Error& e) {
+    return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
+                                                 ": " + e.what_without_backtrace());
+  }
+}
 }  // namespace
 
 Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
@@ -163,14 +176,7 @@ Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& en
                                        std::to_string(entry.length) + " does not match its shape");
   if (entry.length > 0)
     CKPTIO_RETURN_IF_ERROR(reader.Read(entry.object, entry.offset, cpu.data_ptr(), entry.length));
-  if (device.is_cpu()) return cpu;
-  try {
-    if (device.is_cuda() && cpu.nbytes() > 0) return ToCudaThroughPinned(cpu, device);
-    return cpu.to(device);
-  } catch (const c10::Error& e) {
-    return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
-                                                 ": " + e.what_without_backtrace());
-  }
+  return OnDevice(cpu, entry, device);
 }
 
 Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
@@ -199,14 +205,7 @@ Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
     cpu = torch::from_blob(
         data, entry.shape, [view](void*) {}, options);
   }
-  if (device.is_cpu()) return cpu;
-  try {
-    if (device.is_cuda() && cpu.nbytes() > 0) return ToCudaThroughPinned(cpu, device);
-    return cpu.to(device);
-  } catch (const c10::Error& e) {
-    return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
-                                                 ": " + e.what_without_backtrace());
-  }
+  return OnDevice(cpu, entry, device);
 }
 
 std::string StripeBaseObject(const Manifest& manifest, const std::string& object) {

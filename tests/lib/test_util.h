@@ -44,6 +44,31 @@ void WriteFile(const std::string& path, const std::string& bytes);
 // Flips bit `bit` (0-7) of byte `offset` in place.
 void FlipBit(const std::string& path, uint64_t offset, int bit);
 
+// Forwards every call to another backend; a test overrides what it changes.
+class ForwardingBackend : public StorageBackend {
+ public:
+  explicit ForwardingBackend(std::shared_ptr<StorageBackend> inner) : inner_(std::move(inner)) {}
+  std::string Uri() const override { return inner_->Uri(); }
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    return inner_->NewObject(key, mode);
+  }
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    return inner_->OpenObject(key);
+  }
+  Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
+  Result<std::vector<std::string>> List(std::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+  Status Delete(std::string_view key) override { return inner_->Delete(key); }
+  Result<bool> IsLocked(std::string_view key) override { return inner_->IsLocked(key); }
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    return inner_->TryLock(key, mode);
+  }
+
+ private:
+  std::shared_ptr<StorageBackend> inner_;
+};
+
 // Wraps a backend and records every call as one line, e.g.
 // "new step-000000000001/a.bin", "commit step-000000000001/a.bin",
 // "delete LATEST". Thread-safe.

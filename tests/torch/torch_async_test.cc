@@ -1,6 +1,7 @@
 // Checkpointer::SaveAsync: the call returns once the state is staged, the
 // commit happens in the background with every invariant, errors surface on
 // the future and on the next call, the destructor waits.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <future>
@@ -20,9 +21,9 @@ using testing::TempDir;
 
 // A POSIX backend whose object writes wait at a gate until it opens, and
 // which can fail every new object.
-class GateBackend : public StorageBackend {
+class GateBackend : public testing::ForwardingBackend {
  public:
-  explicit GateBackend(std::shared_ptr<StorageBackend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
 
   void Close() {
     std::lock_guard<std::mutex> l(mu_);
@@ -37,7 +38,6 @@ class GateBackend : public StorageBackend {
   }
   void FailNewObjects(bool fail) { fail_ = fail; }
 
-  std::string Uri() const override { return inner_->Uri(); }
   Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
     {
       std::unique_lock<std::mutex> l(mu_);
@@ -45,28 +45,25 @@ class GateBackend : public StorageBackend {
     }
     if (fail_ && key.find("step-") == 0)
       return Status(Code::kResourceExhausted, "injected: no space left on device");
-    return inner_->NewObject(key, mode);
-  }
-  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
-    return inner_->OpenObject(key);
-  }
-  Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
-  Result<std::vector<std::string>> List(std::string_view prefix) override {
-    return inner_->List(prefix);
-  }
-  Status Delete(std::string_view key) override { return inner_->Delete(key); }
-  Result<bool> IsLocked(std::string_view key) override { return inner_->IsLocked(key); }
-  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
-    return inner_->TryLock(key, mode);
+    return ForwardingBackend::NewObject(key, mode);
   }
 
  private:
-  std::shared_ptr<StorageBackend> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;
   std::atomic<bool> fail_{false};
 };
+
+// Ranks 0 and 1 of a job of two, for two Checkpointers in this process.
+std::pair<RankInfo, RankInfo> TwoRanks(const std::string& job) {
+  RankInfo r0, r1;
+  r0.world_size = r1.world_size = 2;
+  r0.local_world_size = r1.local_world_size = 2;
+  r1.rank = r1.local_rank = 1;
+  r0.job_id = r1.job_id = job;
+  return {r0, r1};
+}
 
 class AsyncSaveTest : public ::testing::Test {
  protected:
@@ -239,11 +236,7 @@ TEST_F(AsyncSaveTest, AStateOverTheStagingLimitIsSavedSynchronously) {
 
 TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   // Two ranks in one process over the manifest signal.
-  RankInfo r0, r1;
-  r0.world_size = r1.world_size = 2;
-  r1.rank = r1.local_rank = 1;
-  r0.local_world_size = r1.local_world_size = 2;
-  r0.job_id = r1.job_id = "async-test";
+  auto [r0, r1] = TwoRanks("async-test");
   CheckpointerOptions o;
   o.timeout = 20s;
   auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
@@ -262,11 +255,7 @@ TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
 TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   // Both ranks stage their part and return; their background threads stripe
   // and commit; a change made right after the calls is not in the step.
-  RankInfo r0, r1;
-  r0.world_size = r1.world_size = 2;
-  r0.local_world_size = r1.local_world_size = 2;
-  r1.rank = r1.local_rank = 1;
-  r0.job_id = r1.job_id = "striped-async-test";
+  auto [r0, r1] = TwoRanks("striped-async-test");
   CheckpointerOptions o;
   o.timeout = 20s;
   o.stripe = true;

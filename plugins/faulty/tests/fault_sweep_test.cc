@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -53,7 +54,6 @@ Status StripedSave(Store& store, int64_t step) {
   CKPTIO_ASSIGN_OR_RETURN(auto w, store.OpenWriter(o));
   CKPTIO_ASSIGN_OR_RETURN(auto p, w->Begin(step));
   CKPTIO_ASSIGN_OR_RETURN(auto stripe, store.BeginStripe(step, 1, o.chunk_size));
-  std::string receipt;
   for (const auto& [name, bytes] : Objects(step)) {
     if (name != "model.safetensors" && name != "optim.optim.pt") continue;
     CKPTIO_ASSIGN_OR_RETURN(auto os, stripe->AddObject(name));
@@ -61,7 +61,7 @@ Status StripedSave(Store& store, int64_t step) {
     CKPTIO_RETURN_IF_ERROR(os->Close());
   }
   CKPTIO_ASSIGN_OR_RETURN(StripeReceipt r, stripe->Finish());
-  receipt = SerializeStripeReceipt(r);
+  const std::string receipt = SerializeStripeReceipt(r);  // as it travels between ranks
   for (const auto& [name, bytes] : Objects(step)) {
     if (name == "model.safetensors" || name == "optim.optim.pt") continue;
     CKPTIO_RETURN_IF_ERROR(p->PutObject(name, bytes.data(), bytes.size()));
@@ -518,12 +518,14 @@ PowerLossTally PowerLossSweep(const TempDir& dir, const std::string& label, Make
   return t;
 }
 
-TEST(FaultSweep, PowerLossAtEverySystemCallOfASave) {
+// Cuts the power at every system call of `save` (step 2, over a store
+// holding step 1) and prints the tally as "power-loss sweep (<title>)".
+void SweepASave(const std::string& name, const std::string& title,
+                const std::function<Status(Store&)>& save) {
   TempDir dir;
   int old_kept = 0, new_committed = 0;
   PowerLossTally t = PowerLossSweep(
-      dir, "save", OneStep, [](Store& s) { return Save(s, 2); },
-      [&](const std::string& root, const std::string& what, bool saved) {
+      dir, name, OneStep, save, [&](const std::string& root, const std::string& what, bool saved) {
         int64_t newest = CheckAfterFault(root, what);
         if (saved) {
           EXPECT_EQ(newest, 2) << what << ": a save that returned OK was lost";
@@ -531,8 +533,8 @@ TEST(FaultSweep, PowerLossAtEverySystemCallOfASave) {
         (newest == 2 ? new_committed : old_kept)++;
       });
   ASSERT_GT(t.calls, 20);
-  if (HasFailure()) return;
-  std::cout << "power-loss sweep (save): " << t.Summary() << "; " << old_kept
+  if (::testing::Test::HasFailure()) return;
+  std::cout << "power-loss sweep (" << title << "): " << t.Summary() << "; " << old_kept
             << " left the old checkpoint newest, " << new_committed
             << " the new one; every save that returned OK survived; all verified, "
                "fsck --repair clean, next save ok\n";
@@ -542,26 +544,13 @@ TEST(FaultSweep, PowerLossAtEverySystemCallOfASave) {
   EXPECT_GT(t.files_cut, 0);
 }
 
+TEST(FaultSweep, PowerLossAtEverySystemCallOfASave) {
+  SweepASave("save", "save", [](Store& s) { return Save(s, 2); });
+}
+
 TEST(FaultSweep, PowerLossAtEverySystemCallOfAStripedSave) {
-  TempDir dir;
-  int old_kept = 0, new_committed = 0;
-  PowerLossTally t = PowerLossSweep(
-      dir, "striped", OneStep, [](Store& s) { return StripedSave(s, 2); },
-      [&](const std::string& root, const std::string& what, bool saved) {
-        int64_t newest = CheckAfterFault(root, what);
-        if (saved) {
-          EXPECT_EQ(newest, 2) << what << ": a save that returned OK was lost";
-        }
-        (newest == 2 ? new_committed : old_kept)++;
-      });
-  ASSERT_GT(t.calls, 20);
-  if (HasFailure()) return;
-  std::cout << "power-loss sweep (striped save, writer + one stripe): " << t.Summary() << "; "
-            << old_kept << " left the old checkpoint newest, " << new_committed
-            << " the new one; every save that returned OK survived; all verified, "
-               "fsck --repair clean, next save ok\n";
-  EXPECT_GT(old_kept, 0);
-  EXPECT_GT(new_committed, 0);
+  SweepASave("striped", "striped save, writer + one stripe",
+             [](Store& s) { return StripedSave(s, 2); });
 }
 
 TEST(FaultSweep, PowerLossAtEverySystemCallOfGcAndRepair) {
