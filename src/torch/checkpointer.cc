@@ -1,6 +1,7 @@
 // Checkpointer: rank-0 saves, waiting ranks, agreed loads.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -696,25 +697,37 @@ Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
     CKPTIO_RETURN_IF_ERROR(
         coordinator_->Publish(go, pending.ok() ? "ok" : ErrorPayload(pending.status())));
     if (!pending.ok()) return pending.status();
-    CKPTIO_RETURN_IF_ERROR(WritePlan(**pending, plan));
+    // Every receipt is collected even when a part failed, so that no rank
+    // is still writing into the step when it is abandoned (the parts
+    // received are deleted with it), and a retry starts clean.
+    Status first = WritePlan(**pending, plan);
     std::set<std::string> expected = plan.stripes;
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (int r = 1; r < rank_.world_size; ++r) {
       const std::string whose = "rank " + std::to_string(r) + "'s stripe";
-      auto payload = coordinator_->WaitFor(receipt_of(r), options_.timeout);
-      if (!payload.ok()) return payload.status().WithContext("waiting for " + whose);
-      if (auto e = PayloadError(*payload)) return e->WithContext(whose + " failed");
-      CKPTIO_ASSIGN_OR_RETURN(StripeReceipt receipt, ParseStripeReceipt(*payload, whose));
-      if (receipt.rank != r || receipt.step != step)
-        return Status(Code::kDataLoss, whose + ": the receipt is rank " +
-                                           std::to_string(receipt.rank) + "'s, for step " +
-                                           std::to_string(receipt.step));
-      for (const auto& o : receipt.objects)
-        if (expected.erase(o.name) == 0)
-          return Status(Code::kInvalidArgument,
-                        whose + " holds " + o.name +
-                            ", which its part does not name: do all ranks save the same state?");
-      CKPTIO_RETURN_IF_ERROR((*pending)->AddStripe(receipt));
+      Status s = [&]() -> Status {
+        const auto left = std::max(std::chrono::milliseconds(1),
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       deadline - std::chrono::steady_clock::now()));
+        auto payload = coordinator_->WaitFor(receipt_of(r), left);
+        if (!payload.ok()) return payload.status().WithContext("waiting for " + whose);
+        if (auto e = PayloadError(*payload)) return e->WithContext(whose + " failed");
+        CKPTIO_ASSIGN_OR_RETURN(StripeReceipt receipt, ParseStripeReceipt(*payload, whose));
+        if (receipt.rank != r || receipt.step != step)
+          return Status(Code::kDataLoss, whose + ": the receipt is rank " +
+                                             std::to_string(receipt.rank) + "'s, for step " +
+                                             std::to_string(receipt.step));
+        CKPTIO_RETURN_IF_ERROR((*pending)->AddStripe(receipt));
+        for (const auto& o : receipt.objects)
+          if (expected.erase(o.name) == 0)
+            return Status(Code::kInvalidArgument,
+                          whose + " holds " + o.name +
+                              ", which its part does not name: do all ranks save the same state?");
+        return OkStatus();
+      }();
+      if (first.ok()) first = s;
     }
+    CKPTIO_RETURN_IF_ERROR(first);
     if (!expected.empty())
       return Status(Code::kInvalidArgument,
                     "no rank delivered " + *expected.begin() +

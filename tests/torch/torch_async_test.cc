@@ -297,6 +297,41 @@ TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
       << "SaveNonBlocking cannot stripe";
 }
 
+TEST_F(AsyncSaveTest, AStripedSaveWhosePartFailsLeavesNothingAndARetryWorks) {
+  // Rank 0 cannot write its part; rank 1 writes its own. Rank 0 still takes
+  // rank 1's receipt before it gives up, so the step is abandoned whole:
+  // nothing is left in it and the same step saves at once after.
+  auto [r0, r1] = TwoRanks("striped-failure-test");
+  CheckpointerOptions o;
+  o.timeout = 20s;
+  o.stripe = true;
+  auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
+  ASSERT_TRUE(c1.ok()) << c1.status();
+  o.backend = gate_;
+  auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  Net net;
+  State state{{"model", net}};
+  gate_->FailNewObjects(true);
+  auto f1 = (*c1)->SaveAsync(5, state);
+  auto f0 = (*c0)->SaveAsync(5, state);
+  EXPECT_EQ(f0.get().code(), Code::kResourceExhausted);
+  EXPECT_FALSE(f1.get().ok()) << "rank 1 reported a step rank 0 could not commit";
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, (*c1)->store().backend().List("step-000000000005/"));
+  EXPECT_TRUE(keys.empty()) << "left in the abandoned step: " << keys.front();
+  gate_->FailNewObjects(false);
+  // The next calls report the failure once (SaveAsync's contract); then the
+  // same step saves.
+  EXPECT_FALSE((*c0)->Save(6, state).ok());
+  EXPECT_FALSE((*c1)->Save(6, state).ok());
+  f1 = (*c1)->SaveAsync(5, state);
+  f0 = (*c0)->SaveAsync(5, state);
+  CKPTIO_EXPECT_OK(f0.get());
+  CKPTIO_EXPECT_OK(f1.get());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, (*c0)->store().OpenStep(5));
+  CKPTIO_EXPECT_OK(reader->Verify());
+}
+
 TEST_F(AsyncSaveTest, CudaTensorsAreStagedThroughPinnedMemory) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device on this machine: tools/gpu-check.sh runs this on a GPU machine";

@@ -32,7 +32,10 @@ ckptio::testing::BackendHarness NfsHarness(int version) {
     NfsServer& server = NfsServer::Shared();
     if (!server.ok()) return nullptr;
     if (!same_location || sub->empty()) {
-      *sub = "conf-v" + std::to_string(version) + "-" + std::to_string(::getpid()) + "-" +
+      // The export outlives this process, and pids come round again within
+      // one ctest run: the random job id keeps a later process with this
+      // pid from finding an earlier one's objects.
+      *sub = "conf-v" + std::to_string(version) + "-" + ckptio::testing::NewJobId() + "-" +
              std::to_string((*n)++);
       ::mkdir((server.export_dir() + "/" + *sub).c_str(), 0755);
     }
@@ -67,7 +70,7 @@ using testing::RandomBytes;
 // A fresh folder of the export, and its name.
 std::string FreshFolder(const std::string& label) {
   static int n = 0;
-  std::string sub = label + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+  std::string sub = label + "-" + testing::NewJobId() + "-" + std::to_string(n++);  // see above
   ::mkdir((NfsServer::Shared().export_dir() + "/" + sub).c_str(), 0755);
   return sub;
 }
