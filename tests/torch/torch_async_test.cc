@@ -55,16 +55,6 @@ class GateBackend : public testing::ForwardingBackend {
   std::atomic<bool> fail_{false};
 };
 
-// Ranks 0 and 1 of a job of two, for two Checkpointers in this process.
-std::pair<RankInfo, RankInfo> TwoRanks(const std::string& job) {
-  RankInfo r0, r1;
-  r0.world_size = r1.world_size = 2;
-  r0.local_world_size = r1.local_world_size = 2;
-  r1.rank = r1.local_rank = 1;
-  r0.job_id = r1.job_id = job;
-  return {r0, r1};
-}
-
 class AsyncSaveTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -78,6 +68,27 @@ class AsyncSaveTest : public ::testing::Test {
     auto c = Checkpointer::Open(dir_.Sub("store"), RankInfo{}, std::move(o));
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // Ranks 0 and 1 of a job of two, as two Checkpointers of this process
+  // over the manifest signal (rank 0 through `rank0_backend` when given).
+  std::pair<std::unique_ptr<Checkpointer>, std::unique_ptr<Checkpointer>> TwoRanks(
+      const std::string& job, bool stripe, std::shared_ptr<StorageBackend> rank0_backend = {}) {
+    RankInfo r0, r1;
+    r0.world_size = r1.world_size = 2;
+    r0.local_world_size = r1.local_world_size = 2;
+    r1.rank = r1.local_rank = 1;
+    r0.job_id = r1.job_id = job;
+    CheckpointerOptions o;
+    o.timeout = 20s;
+    o.stripe = stripe;
+    auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
+    EXPECT_TRUE(c1.ok()) << c1.status();
+    o.backend = std::move(rank0_backend);
+    auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
+    EXPECT_TRUE(c0.ok()) << c0.status();
+    if (!c0.ok() || !c1.ok()) return {nullptr, nullptr};
+    return {std::move(*c0), std::move(*c1)};
   }
 
   static bool Ready(const std::future<Status>& f) {
@@ -236,45 +247,38 @@ TEST_F(AsyncSaveTest, AStateOverTheStagingLimitIsSavedSynchronously) {
 
 TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   // Two ranks in one process over the manifest signal.
-  auto [r0, r1] = TwoRanks("async-test");
-  CheckpointerOptions o;
-  o.timeout = 20s;
-  auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
-  ASSERT_TRUE(c1.ok()) << c1.status();
-  auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
-  ASSERT_TRUE(c0.ok()) << c0.status();
+  auto ranks = TwoRanks("async-test", /*stripe=*/false);
+  auto& c0 = ranks.first;
+  auto& c1 = ranks.second;
+  ASSERT_TRUE(c0 && c1);
   Net net;
   State state{{"model", net}};
-  auto waiting = (*c1)->SaveAsync(5, state);
+  auto waiting = c1->SaveAsync(5, state);
   std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(Ready(waiting)) << "resolved before rank 0 saved";
-  CKPTIO_ASSERT_OK((*c0)->SaveAsync(5, state).get());
+  CKPTIO_ASSERT_OK(c0->SaveAsync(5, state).get());
   CKPTIO_EXPECT_OK(waiting.get());
 }
 
 TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   // Both ranks stage their part and return; their background threads stripe
   // and commit; a change made right after the calls is not in the step.
-  auto [r0, r1] = TwoRanks("striped-async-test");
-  CheckpointerOptions o;
-  o.timeout = 20s;
-  o.stripe = true;
-  auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
-  ASSERT_TRUE(c1.ok()) << c1.status();
-  auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
-  ASSERT_TRUE(c0.ok()) << c0.status();
+  auto ranks = TwoRanks("striped-async-test", /*stripe=*/true);
+  auto& c0 = ranks.first;
+  auto& c1 = ranks.second;
+  ASSERT_TRUE(c0 && c1);
   Net net;  // both "ranks" save the same module, as DDP replicas would
   State state{{"model", net}};
   const auto snap = Snapshot(net);
-  auto f1 = (*c1)->SaveAsync(3, state);
-  auto f0 = (*c0)->SaveAsync(3, state);
+  auto f1 = c1->SaveAsync(3, state);
+  auto f0 = c0->SaveAsync(3, state);
   {
     torch::NoGradGuard no_grad;
     for (auto& p : net.parameters()) p.zero_();
   }
   CKPTIO_ASSERT_OK(f0.get());
   CKPTIO_ASSERT_OK(f1.get());
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, (*c0)->store().OpenStep(3));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, c0->store().OpenStep(3));
   CKPTIO_EXPECT_OK(reader->Verify());
   EXPECT_NE(reader->manifest().Find("model.part-1.safetensors"), nullptr) << "rank 1 wrote no part";
   EXPECT_EQ(reader->manifest().metadata.count("ckptio.part.model.part-1.safetensors"), 1u);
@@ -283,17 +287,17 @@ TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   Status loaded0;
   std::thread rank0([&] {
     State into{{"model", back0}};
-    auto got = (*c0)->Load(into);
+    auto got = c0->Load(into);
     loaded0 = got.status();
   });
   State into1{{"model", back1}};
-  auto got1 = (*c1)->Load(into1);
+  auto got1 = c1->Load(into1);
   rank0.join();
   CKPTIO_ASSERT_OK(loaded0);
   ASSERT_TRUE(got1.ok()) << got1.status();
   EXPECT_TRUE(SameAs(back0, snap));
   EXPECT_TRUE(SameAs(back1, snap));
-  EXPECT_EQ((*c1)->SaveNonBlocking(4, state).status().code(), Code::kInvalidArgument)
+  EXPECT_EQ(c1->SaveNonBlocking(4, state).status().code(), Code::kInvalidArgument)
       << "SaveNonBlocking cannot stripe";
 }
 
@@ -301,34 +305,29 @@ TEST_F(AsyncSaveTest, AStripedSaveWhosePartFailsLeavesNothingAndARetryWorks) {
   // Rank 0 cannot write its part; rank 1 writes its own. Rank 0 still takes
   // rank 1's receipt before it gives up, so the step is abandoned whole:
   // nothing is left in it and the same step saves at once after.
-  auto [r0, r1] = TwoRanks("striped-failure-test");
-  CheckpointerOptions o;
-  o.timeout = 20s;
-  o.stripe = true;
-  auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
-  ASSERT_TRUE(c1.ok()) << c1.status();
-  o.backend = gate_;
-  auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
-  ASSERT_TRUE(c0.ok()) << c0.status();
+  auto ranks = TwoRanks("striped-failure-test", /*stripe=*/true, gate_);
+  auto& c0 = ranks.first;
+  auto& c1 = ranks.second;
+  ASSERT_TRUE(c0 && c1);
   Net net;
   State state{{"model", net}};
   gate_->FailNewObjects(true);
-  auto f1 = (*c1)->SaveAsync(5, state);
-  auto f0 = (*c0)->SaveAsync(5, state);
+  auto f1 = c1->SaveAsync(5, state);
+  auto f0 = c0->SaveAsync(5, state);
   EXPECT_EQ(f0.get().code(), Code::kResourceExhausted);
   EXPECT_FALSE(f1.get().ok()) << "rank 1 reported a step rank 0 could not commit";
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, (*c1)->store().backend().List("step-000000000005/"));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, c1->store().backend().List("step-000000000005/"));
   EXPECT_TRUE(keys.empty()) << "left in the abandoned step: " << keys.front();
   gate_->FailNewObjects(false);
   // The next calls report the failure once (SaveAsync's contract); then the
   // same step saves.
-  EXPECT_FALSE((*c0)->Save(6, state).ok());
-  EXPECT_FALSE((*c1)->Save(6, state).ok());
-  f1 = (*c1)->SaveAsync(5, state);
-  f0 = (*c0)->SaveAsync(5, state);
+  EXPECT_FALSE(c0->Save(6, state).ok());
+  EXPECT_FALSE(c1->Save(6, state).ok());
+  f1 = c1->SaveAsync(5, state);
+  f0 = c0->SaveAsync(5, state);
   CKPTIO_EXPECT_OK(f0.get());
   CKPTIO_EXPECT_OK(f1.get());
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, (*c0)->store().OpenStep(5));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, c0->store().OpenStep(5));
   CKPTIO_EXPECT_OK(reader->Verify());
 }
 
