@@ -34,6 +34,7 @@
 #include "ckptio/backends.h"
 #include "ckptio/hash.h"
 #include "ckptio/torch.h"
+#include "object_io.h"  // SetChecksumsForBenchmark
 
 namespace {
 
@@ -526,7 +527,20 @@ int main(int argc, char** argv) {
       fs::remove_all(store);
       std::vector<torch::Tensor> mine = tensors;
       ckptio::State state = StateOf(mine);
+      // The same save without checksums, before or after it in turn: what
+      // hashing costs a save (its result never verifies and is deleted).
+      auto unhashed = [&] {
+        const std::string s = dir + "/store-unhashed";
+        fs::remove_all(s);
+        ckptio::SetChecksumsForBenchmark(false);
+        CkptioSave(s, state, &t["ckptio_save_unhashed"]);
+        ckptio::SetChecksumsForBenchmark(true);
+        fs::remove_all(s);
+      };
+      const bool large = shape.name == "large";
+      if (large && r % 2 == 1) unhashed();
       CkptioSave(store, state, &t["ckptio_save"]);
+      if (large && r % 2 == 0) unhashed();
       fs::remove(tpt);
       t["torch_save"].push_back(Seconds([&] {
         torch::save(tensors, tpt);
@@ -646,6 +660,18 @@ int main(int argc, char** argv) {
         sec("large", "nfs_raw_write") / sec("large", "nfs_ckptio_save");
     ratios["nfs_load_vs_raw_libnfs_read"] =
         sec("large", "nfs_raw_read") / sec("large", "nfs_ckptio_load");
+  }
+  {
+    // Per pair of saves (same repeat, back to back), then the median.
+    const json& runs = out["shapes"]["large"]["runs"];
+    const auto hashed = runs["ckptio_save"].get<std::vector<double>>();
+    const auto plain = runs["ckptio_save_unhashed"].get<std::vector<double>>();
+    std::vector<double> share;
+    for (size_t i = 0; i < hashed.size(); ++i) share.push_back((hashed[i] - plain[i]) / hashed[i]);
+    out["checksum_share_of_save"] = Median(share);
+    std::printf(
+        "\nchecksums' share of a large save (1 - unhashed/hashed, median of pairs): %.1f %%\n",
+        100 * Median(share));
   }
   std::printf("\nratios (>1: ckptio faster; speed ratio = other's time / ckptio's time)\n");
   for (auto it = ratios.begin(); it != ratios.end(); ++it) {
