@@ -32,6 +32,8 @@ struct Visible {
 class CommitOrderTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (!PosixSyncHooksAvailable())
+      GTEST_SKIP() << "built without the sync-point hooks (configure with -DCKPTIO_TEST_HOOKS=ON)";
     root_ = dir_.Sub("store");
     PosixBackendOptions o;
     o.hook = [this](PosixSyncPoint p, const std::string& path) {
@@ -44,7 +46,7 @@ class CommitOrderTest : public ::testing::Test {
       return OkStatus();
     };
     auto posix = NewPosixBackend(root_, o);
-    ASSERT_TRUE(posix.ok());
+    ASSERT_TRUE(posix.ok()) << posix.status();
     recorder_ =
         std::make_shared<RecordingBackend>(std::shared_ptr<StorageBackend>(std::move(*posix)));
     store_ = std::make_unique<Store>(recorder_);

@@ -685,6 +685,8 @@ Status PosixWriter::Commit() {
 
 }  // namespace
 
+bool PosixSyncHooksAvailable() { return CKPTIO_TEST_HOOKS; }
+
 Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
                                                         PosixBackendOptions options) {
   if (root.empty()) return Status(Code::kInvalidArgument, "empty store path");

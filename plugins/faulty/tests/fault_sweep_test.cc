@@ -572,6 +572,8 @@ TEST(FaultSweep, PowerLossAtEverySystemCallOfGcAndRepair) {
 // point of the POSIX commit path, for each kind of file; the parent checks
 // the same invariants on the real file system.
 TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
+  if (!PosixSyncHooksAvailable())
+    GTEST_SKIP() << "built without the sync-point hooks (configure with -DCKPTIO_TEST_HOOKS=ON)";
   TempDir dir;
   const char* targets[] = {"model.safetensors", "empty.bin", "MANIFEST.json", "LATEST"};
   int kills = 0, old_kept = 0, new_committed = 0;

@@ -74,6 +74,10 @@ struct PosixBackendOptions {
   std::shared_ptr<PosixFs> fs;
 };
 
+// Whether this build has the sync-point hooks (CKPTIO_TEST_HOOKS): tests
+// that need them skip without.
+bool PosixSyncHooksAvailable();
+
 // A backend rooted at `root` (absolute, or relative to the current
 // directory). The root is created on the first write or lock.
 Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
