@@ -7,8 +7,10 @@
 //
 // Every byte is verified before it is exported. Optimizer state is a LibTorch
 // archive that Python cannot read, so it is left out (and said so).
+#include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -55,6 +57,30 @@ ckptio::Status WriteDurably(const std::string& path, const std::vector<char>& by
   ::close(dfd);
   if (rc != 0) return ckptio::ErrnoToStatus(errno, "fsync " + dir);
   return ckptio::OkStatus();
+}
+
+// torch::pickle_save without its type tags: the same zip container torch.save
+// writes (data.pkl plus one record per storage), but dicts pickled as plain
+// dicts. pickle_save wraps each typed dict in torch.jit._pickle.restore_type_tag,
+// which torch.load (weights_only=True, the default since PyTorch 2.6) refuses.
+std::vector<char> PickleForTorchLoad(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* p, size_t n) { pickled.insert(pickled.end(), p, p + n); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return out;
 }
 
 int Run(int argc, char** argv) {
@@ -106,7 +132,7 @@ int Run(int argc, char** argv) {
       skipped.push_back(key.substr(12));
   }
   top.insert("metadata", metadata);
-  std::vector<char> bytes = torch::pickle_save(top);
+  std::vector<char> bytes = PickleForTorchLoad(top);
   ckptio::Status s = WriteDurably(out, bytes);
   if (!s.ok()) return std::cerr << "ckptio export: " << s << "\n", 1;
   std::cout << "exported step " << step << ": " << count << " tensor(s) in " << groups.size()
