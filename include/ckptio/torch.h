@@ -41,6 +41,8 @@
 #include <string>
 #include <string_view>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ckptio/coordination.h"
@@ -235,6 +237,23 @@ class Checkpointer {
 // Coordination through a c10d::Store (WaitMode::kStore).
 Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(c10::intrusive_ptr<c10d::Store> store,
                                                         const RankInfo& rank);
+
+namespace internal {
+template <typename T, typename = void>
+struct HasUseLibUV : std::false_type {};
+template <typename T>
+struct HasUseLibUV<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
+}  // namespace internal
+
+// Turns TCPStore's libuv backend off where LibTorch has the switch
+// (TCPStoreOptions::useLibUV, on by default since LibTorch 2.4): builds
+// without libuv, Debian's among them, otherwise refuse to start a store
+// ("use_libuv was requested but PyTorch was build without libuv support").
+// With LibTorch 1.x it does nothing. Options: c10d::TCPStoreOptions.
+template <typename Options>
+void UseClassicTcpStore(Options& options) {
+  if constexpr (internal::HasUseLibUV<Options>::value) options.useLibUV = false;
+}
 
 // Writes `tensors` as a safetensors object of `pending` and records each in
 // its manifest. `devices` (optional, same order) overrides the recorded

@@ -284,6 +284,7 @@ c10::intrusive_ptr<c10d::Store> ConnectTcpStore(int port, bool server) {
   o.numWorkers = kWorld;
   o.waitWorkers = false;
   o.timeout = std::chrono::milliseconds(20000);
+  UseClassicTcpStore(o);
   return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
 }
 

@@ -502,5 +502,21 @@ TEST(TorchStateTest, CudaRoundTrip) {
   EXPECT_TRUE(BitEqual(out, t));
 }
 
+// LibTorch >= 2.4 starts TCPStores on libuv unless told not to; builds
+// without it (Debian's) refuse. The switch is set where it exists, and
+// compiles to nothing where it does not (LibTorch 1.x).
+TEST(TorchStateTest, UseClassicTcpStoreTurnsLibuvOffWhereTheSwitchExists) {
+  struct WithSwitch {
+    bool useLibUV = true;
+  } with_switch;
+  UseClassicTcpStore(with_switch);
+  EXPECT_FALSE(with_switch.useLibUV);
+  struct WithoutSwitch {
+    int port = 29500;
+  } without_switch;
+  UseClassicTcpStore(without_switch);
+  EXPECT_EQ(without_switch.port, 29500);
+}
+
 }  // namespace
 }  // namespace ckptio

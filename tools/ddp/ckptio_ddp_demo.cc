@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
     opts.isServer = rank.rank == 0;
     opts.numWorkers = rank.world_size;
     opts.timeout = timeout;
+    ckptio::UseClassicTcpStore(opts);  // LibTorch 2.x builds without libuv need this
     tcp = c10::make_intrusive<c10d::TCPStore>(master_addr, opts);
     auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
     pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
