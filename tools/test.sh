@@ -3,9 +3,11 @@
 # suite with ctest: first the normal build (./build), then the same tests
 # built with AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan).
 # Then the lock and coordination tests under ThreadSanitizer (./build-tsan),
-# and the libFuzzer targets (tools/fuzz.sh) for a bounded time each.
-# Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass and CKPTIO_FUZZ=0 to
-# skip fuzzing. Extra arguments go to
+# the suite built against LibTorch 2.6 in a Debian trixie chroot
+# (tools/torch2-check.sh; root only, made once and kept), and the libFuzzer
+# targets (tools/fuzz.sh) for a bounded time each.
+# Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass, CKPTIO_TORCH2=0 to skip
+# the LibTorch 2.x pass and CKPTIO_FUZZ=0 to skip fuzzing. Extra arguments go to
 # ctest (e.g. -R Manifest). The last line is the summary:
 #   "ctest: N passed, N failed, N skipped"
 set -euo pipefail
@@ -24,6 +26,12 @@ run_suite() {
   ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" --timeout 600 "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
+  count "$label" "$rc"
+}
+
+# count LABEL RC: adds the ctest summary in $log (exit status RC) to the totals.
+count() {
+  local label=$1 rc=$2
   local summary
   summary=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)
   if [ -z "$summary" ]; then
@@ -55,6 +63,19 @@ if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   cmake --build "$tsan" --target posix_backend_test store_test writer_lock_test coordination_test \
     -- -j"$(nproc)"
   TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (locks, coordination)" -L tsan "$@"
+fi
+if [ "${CKPTIO_TORCH2:-1}" != 0 ]; then
+  # The same suite built against LibTorch 2.6 in a Debian trixie chroot.
+  echo "== test suite: LibTorch 2.x (tools/torch2-check.sh)"
+  set +e
+  "$CKPTIO_ROOT/tools/torch2-check.sh" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" = 77 ]; then
+    skipped=$((skipped + 1))
+  else
+    count "libtorch 2.x" "$rc"
+  fi
 fi
 if [ "${CKPTIO_FUZZ:-1}" != 0 ]; then
   echo "== fuzzing (tools/fuzz.sh, ${CKPTIO_FUZZ_SECONDS:-15} s per target)"

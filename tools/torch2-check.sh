@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The LibTorch 2.x check ("the same source builds against Debian's LibTorch
+# 1.13 and current LibTorch 2.x"), run on this Debian 12 machine:
+#
+#   tools/torch2-check.sh [CTEST_ARGS...]
+#
+# Builds the working tree inside a Debian 13 (trixie) chroot, whose
+# libtorch-dev is LibTorch 2.6 (with GCC 14, and Python's torch 2.6 for the
+# export interop test), and runs the test suite there, all but the NFS tests
+# (no NFS server in the chroot; they do not touch LibTorch). The chroot is
+# made once with debootstrap and kept, with its ccache and build tree, in
+# $CKPTIO_TORCH2_ROOT (default /var/cache/ckptio/trixie); later runs only
+# copy the tree in (tracked and untracked files, modification times kept)
+# and rebuild what changed. Needs root and the Debian mirror
+# ($CKPTIO_DEBIAN_MIRROR); exits 77 when it cannot run here.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CHROOT=${CKPTIO_TORCH2_ROOT:-/var/cache/ckptio/trixie}
+MIRROR=${CKPTIO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+PACKAGES="cmake ninja-build g++ ccache pkg-config libboost-filesystem-dev libboost-dev
+  libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
+  libtorch-dev libgloo-dev libnfs-dev python3-torch"
+
+skip() {
+  echo "torch2-check: skipped: $*"
+  exit 77
+}
+[ "$(id -u)" = 0 ] || skip "needs root (debootstrap, chroot, bind mounts)"
+if ! command -v debootstrap >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null 2>&1 ||
+    skip "cannot install debootstrap"
+fi
+mkdir -p "$(dirname "$CHROOT")"
+exec 9>"$CHROOT.lock"
+flock 9 # one run at a time per chroot
+
+MOUNTS=(proc sys dev dev/pts)
+unmount_all() {
+  for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
+    if mountpoint -q "$CHROOT/${MOUNTS[i]}"; then umount -l "$CHROOT/${MOUNTS[i]}"; fi
+  done
+  return 0
+}
+trap unmount_all EXIT
+
+if [ ! -f "$CHROOT/.ckptio-base" ]; then
+  echo "torch2-check: creating a Debian trixie chroot in $CHROOT (once)"
+  unmount_all
+  rm -rf --one-file-system "$CHROOT"
+  debootstrap --variant=minbase trixie "$CHROOT" "$MIRROR" >"$CHROOT.log" 2>&1 ||
+    { tail -5 "$CHROOT.log"; skip "debootstrap of trixie from $MIRROR failed ($CHROOT.log)"; }
+  touch "$CHROOT/.ckptio-base"
+fi
+for m in "${MOUNTS[@]}"; do
+  mountpoint -q "$CHROOT/$m" || mount --bind "/$m" "$CHROOT/$m"
+done
+in_chroot() { chroot "$CHROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+  LANG=C.UTF-8 "$@"; }
+if [ "$(cat "$CHROOT/.ckptio-packages" 2>/dev/null)" != "$PACKAGES" ]; then
+  echo "torch2-check: installing the build dependencies in the chroot"
+  cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
+  in_chroot apt-get update -qq >/dev/null
+  # shellcheck disable=SC2086
+  in_chroot env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    $PACKAGES >/dev/null || skip "apt-get install in the chroot failed"
+  echo "$PACKAGES" >"$CHROOT/.ckptio-packages"
+fi
+echo "torch2-check: LibTorch $(in_chroot dpkg-query -W -f='${Version}' libtorch-dev)," \
+  "$(in_chroot g++ --version | head -1)"
+
+# The tree, as it is now (what git would commit, plus untracked files).
+rm -rf --one-file-system "$CHROOT/work/ckptio"
+mkdir -p "$CHROOT/work/ckptio"
+(cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) |
+  tar -C "$CHROOT/work/ckptio" -xf -
+
+in_chroot env CCACHE_DIR=/root/.ccache CCACHE_BASEDIR=/work/ckptio CCACHE_NOHASHDIR=true \
+  CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime bash -c '
+  set -e
+  [ -f /work/build/build.ninja ] || cmake -S /work/ckptio -B /work/build -G Ninja >/dev/null
+  echo "torch2-check: building into $0/work/build"
+  cmake --build /work/build -- -j"$(nproc)" >/work/build.log 2>&1 ||
+    { tail -40 /work/build.log; echo "torch2-check: the build failed"; exit 1; }
+  grep -A3 "warning:" /work/build.log || true' "$CHROOT"
+status=0
+in_chroot ctest --test-dir /work/build --output-on-failure -j"$(nproc)" --timeout 600 \
+  -LE nfs -E nfs_server "$@" || status=$?
+exit $status
