@@ -170,6 +170,48 @@ TEST(TorchStateTest, ModuleOptimizerAndMetadataRoundTrip) {
   EXPECT_EQ(8 + n + covered, bytes.size());
 }
 
+// The safetensors header is written as text: names that JSON must escape,
+// a 0-d tensor and a name clashing with "__metadata__" or not UTF-8.
+TEST(TorchStateTest, TensorNamesAreEscapedInTheSafetensorsHeader) {
+  TempDir dir;
+  const std::vector<std::string> names = {"quote\"d", "back\\slash", "tab\there", "\xc3\xbcml",
+                                          "ctl\x01", "plain.weight"};
+  std::vector<torch::Tensor> values;
+  State state;
+  for (size_t i = 0; i < names.size(); ++i) values.push_back(torch::rand({3, int64_t(i) + 1}));
+  values.push_back(torch::tensor(7.5));  // 0-d
+  for (size_t i = 0; i < names.size(); ++i) state.items.emplace_back(names[i], values[i]);
+  state.items.emplace_back("scalar", values.back());
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+
+  std::string bytes = testing::ReadFile(dir.Sub("store/step-000000000001/tensors.safetensors"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  for (const auto& name : names) EXPECT_TRUE(header.contains(name)) << name;
+  EXPECT_EQ(header["scalar"]["shape"], nlohmann::json::array());
+  EXPECT_EQ(header["quote\"d"]["shape"], nlohmann::json({3, 1}));
+
+  std::vector<torch::Tensor> back(values.size());
+  State into;
+  for (size_t i = 0; i < names.size(); ++i) into.items.emplace_back(names[i], back[i]);
+  into.items.emplace_back("scalar", back.back());
+  auto got = ckpt->Load(into);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_TRUE(torch::equal(back[i], values[i])) << i;
+
+  torch::Tensor x = torch::ones({2});
+  State clash;
+  clash.items.emplace_back("__metadata__", x);
+  Status s = ckpt->Save(2, clash);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("__metadata__"), std::string::npos) << s;
+  State bad_utf8;
+  bad_utf8.items.emplace_back("bad\xff", x);
+  EXPECT_FALSE(ckpt->Save(3, bad_utf8).ok());
+}
+
 TEST(TorchStateTest, ModuleLoadCopiesIntoTheParametersOwnMemory) {
   TempDir dir;
   Net net;
