@@ -59,7 +59,7 @@ in_chroot() { chroot "$CHROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bi
 if [ "$(cat "$CHROOT/.ckptio-packages" 2>/dev/null)" != "$PACKAGES" ]; then
   echo "torch2-check: installing the build dependencies in the chroot"
   cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
-  in_chroot apt-get update -qq >/dev/null
+  in_chroot apt-get update -qq >/dev/null || skip "apt-get update in the chroot failed ($MIRROR)"
   # shellcheck disable=SC2086
   in_chroot env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     $PACKAGES >/dev/null || skip "apt-get install in the chroot failed"
