@@ -432,15 +432,6 @@ int main(int argc, char** argv) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string script = dir + "/torch_bench.py";
-  // tmpfs for the second checksum-cost pair, where /dev/shm has room for it.
-  std::string shm;
-  {
-    struct statvfs v;
-    const uint64_t need = 2 * (static_cast<uint64_t>(size_mib) << 20);
-    if (::statvfs("/dev/shm", &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize > need)
-      shm = "/dev/shm/ckptio-bench-" + std::to_string(::getpid());
-    if (!shm.empty()) fs::create_directories(shm);
-  }
   std::ofstream(script) << kPython;
 
   if (!gpu.empty()) {
@@ -449,6 +440,15 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
     fs::remove_all(dir);
     return 0;
+  }
+  // tmpfs for the second checksum-cost pair, where /dev/shm has room for it.
+  std::string shm;
+  {
+    struct statvfs v;
+    const uint64_t need = 2 * (static_cast<uint64_t>(size_mib) << 20);
+    if (::statvfs("/dev/shm", &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize > need)
+      shm = "/dev/shm/ckptio-bench-" + std::to_string(::getpid());
+    if (!shm.empty()) fs::create_directories(shm);
   }
   const int64_t bytes = size_mib << 20;
   std::vector<Shape> shapes = {{"large", 8, bytes / 8 / 4}, {"small", 10000, 1024}};
