@@ -27,8 +27,10 @@ skip() {
 }
 [ "$(id -u)" = 0 ] || skip "needs root (debootstrap, chroot, bind mounts)"
 if ! command -v debootstrap >/dev/null; then
+  # (apt-get update only when the package lists are too old to find it)
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null 2>&1 ||
-    skip "cannot install debootstrap"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; } \
+      >/dev/null 2>&1 || skip "cannot install debootstrap"
 fi
 mkdir -p "$(dirname "$CHROOT")"
 exec 9>"$CHROOT.lock"
