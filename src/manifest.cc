@@ -5,8 +5,8 @@
 #include <cctype>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ckptio/backend.h"
@@ -25,14 +25,76 @@ constexpr std::string_view kChecksumKey = "checksum";
 // make nlohmann's recursive dump() overflow the stack).
 constexpr int kMaxJsonDepth = 8;
 
+// Appends `s` exactly as nlohmann's dump() writes a string (UTF-8 kept,
+// invalid UTF-8 replaced): printable ASCII directly, anything else through
+// nlohmann.
+void AppendJsonString(std::string& out, std::string_view s) {
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f || c == '"' || c == '\\') {
+      out += json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+      return;
+    }
+  }
+  out += '"';
+  out += s;
+  out += '"';
+}
+
+// `body` is the canonical serialisation of an object without "checksum"
+// (keys sorted, no whitespace). The file: the same object with the seal as
+// its first member, a newline at each of `breaks` (offsets into body, in
+// order; none: one line) for humans, and a final newline.
+std::string SealBody(const std::string& body, const std::vector<size_t>& breaks = {}) {
+  std::string out = "{\"" + std::string(kChecksumKey) + "\":\"" + HashBytes(body).Hex() + '"';
+  out.reserve(out.size() + body.size() + breaks.size() + 3);
+  if (body != "{}") out += ',';
+  if (!breaks.empty()) out += '\n';
+  size_t pos = 1;  // past body's '{'
+  for (size_t b : breaks) {
+    out.append(body, pos, b - pos);
+    out += '\n';
+    pos = b;
+  }
+  out.append(body, pos, std::string::npos);
+  out += '\n';
+  return out;
+}
+
 std::string Seal(json obj) {
   // Strings were validated as UTF-8 by the callers; `replace` keeps a bug
   // there from becoming an exception.
-  constexpr auto kReplace = json::error_handler_t::replace;
   obj.erase(std::string(kChecksumKey));
-  std::string body = obj.dump(-1, ' ', false, kReplace);
-  obj[std::string(kChecksumKey)] = HashBytes(body).Hex();
-  return obj.dump(1, ' ', false, kReplace) + "\n";
+  return SealBody(obj.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+// "<where>: field '<path>': <what>", the form of every content error.
+Status FieldError(std::string_view where, std::string_view path, std::string_view what) {
+  return Status(Code::kDataLoss,
+                std::string(where) + ": field '" + Printable(path) + "': " + std::string(what));
+}
+
+template <typename T>
+Status CheckRange(std::string_view where, std::string_view path, T x, T lo, T hi) {
+  if (x >= lo && x <= hi) return OkStatus();
+  return FieldError(where, path,
+                    "value " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
+                        std::to_string(hi) + "]");
+}
+
+// Counts are checked by the reader before it converts any entry, and again by
+// CheckManifest for the writer: they bound what a hostile file can make us
+// allocate.
+Status CheckCount(std::string_view where, std::string_view path, size_t n, size_t max,
+                  std::string_view what) {
+  if (n <= max) return OkStatus();
+  return FieldError(where, path, "more than " + std::to_string(max) + " " + std::string(what));
+}
+
+Status CheckLength(std::string_view where, std::string_view path, std::string_view s,
+                   size_t max_bytes) {
+  if (s.size() <= max_bytes) return OkStatus();
+  return FieldError(where, path, "longer than " + std::to_string(max_bytes) + " bytes");
 }
 
 // Reads members of one JSON object, remembering which were consumed so that
@@ -43,45 +105,38 @@ class Fields {
       : obj_(obj), path_(std::move(path)), where_(where) {}
 
   Status Error(std::string_view field, std::string_view what) const {
-    return Status(Code::kDataLoss,
-                  std::string(where_) + ": field '" + Join(field) + "': " + std::string(what));
+    return FieldError(where_, Join(field), what);
   }
 
+  // `name` must outlive this object (callers pass literals).
   Result<const json*> Get(std::string_view name) {
-    seen_.insert(std::string(name));
-    auto it = obj_.find(std::string(name));
+    seen_.push_back(name);
+    auto it = obj_.find(name);
     if (it == obj_.end()) return Error(name, "missing");
     return &*it;
   }
 
-  Result<int64_t> Int(std::string_view name, int64_t lo, int64_t hi) {
+  Result<int64_t> Int(std::string_view name, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
     CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
     if (!v->is_number_integer()) return Error(name, "expected an integer");
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
       return Error(name, "out of range");
-    int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi)
-      return Error(name, "value " + std::to_string(x) + " is outside [" + std::to_string(lo) +
-                             ", " + std::to_string(hi) + "]");
+    const int64_t x = v->get<int64_t>();
+    CKPTIO_RETURN_IF_ERROR(CheckRange(where_, Join(name), x, lo, hi));
     return x;
   }
 
-  Result<uint64_t> Uint(std::string_view name, uint64_t lo, uint64_t hi) {
+  Result<uint64_t> Uint(std::string_view name) {
     CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
     if (!v->is_number_unsigned()) return Error(name, "expected an unsigned integer");
-    uint64_t x = v->get<uint64_t>();
-    if (x < lo || x > hi)
-      return Error(name, "value " + std::to_string(x) + " is outside [" + std::to_string(lo) +
-                             ", " + std::to_string(hi) + "]");
-    return x;
+    return v->get<uint64_t>();
   }
 
-  Result<std::string> Str(std::string_view name, size_t max_bytes) {
+  Result<std::string> Str(std::string_view name, size_t max_bytes = SIZE_MAX) {
     CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
     if (!v->is_string()) return Error(name, "expected a string");
     const auto& s = v->get_ref<const std::string&>();
-    if (s.size() > max_bytes)
-      return Error(name, "longer than " + std::to_string(max_bytes) + " bytes");
+    CKPTIO_RETURN_IF_ERROR(CheckLength(where_, Join(name), s, max_bytes));
     return s;
   }
 
@@ -96,20 +151,21 @@ class Fields {
   // newer writer relied on.
   Status NoOthers() const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-      if (!seen_.count(it.key())) return Error(it.key(), "unknown field");
+      if (std::find(seen_.begin(), seen_.end(), it.key()) == seen_.end())
+        return Error(it.key(), "unknown field");
     }
     return OkStatus();
   }
 
   std::string Join(std::string_view field) const {
-    return path_.empty() ? Printable(field) : path_ + "." + Printable(field);
+    return path_.empty() ? std::string(field) : path_ + "." + std::string(field);
   }
 
  private:
   const json& obj_;
   std::string path_;
   std::string_view where_;
-  std::set<std::string> seen_;
+  std::vector<std::string_view> seen_;  // a handful per object: a set would cost more
 };
 
 // Parses `bytes` as one JSON object, strictly, then checks and strips the
@@ -154,54 +210,6 @@ Status CheckFormat(Fields& f, std::string_view expected_format, int supported_ve
   return OkStatus();
 }
 
-// The "tensors" member: each entry well-formed and inside its object.
-Status ParseTensors(Fields& f, Manifest& m, std::string_view where) {
-  CKPTIO_ASSIGN_OR_RETURN(const json* tensors, f.Get("tensors"));
-  if (!tensors->is_array()) return f.Error("tensors", "expected an array");
-  if (tensors->size() > kMaxTensors)
-    return f.Error("tensors", "more than " + std::to_string(kMaxTensors) + " tensors");
-  std::set<std::pair<std::string, std::string>> seen;
-  m.tensors.reserve(tensors->size());
-  for (size_t i = 0; i < tensors->size(); ++i) {
-    const json& t = (*tensors)[i];
-    std::string path = "tensors[" + std::to_string(i) + "]";
-    if (!t.is_object()) return f.Error(path, "expected an object");
-    Fields tf(t, path, where);
-    TensorEntry e;
-    CKPTIO_ASSIGN_OR_RETURN(e.name, tf.Str("name", 1024));
-    if (e.name.empty()) return tf.Error("name", "empty");
-    CKPTIO_ASSIGN_OR_RETURN(e.object, tf.Str("object", kMaxKeyComponent + 1));
-    const ObjectEntry* obj = m.Find(e.object);
-    if (!obj) return tf.Error("object", "names no object of this checkpoint");
-    CKPTIO_ASSIGN_OR_RETURN(e.dtype, tf.Str("dtype", 8));
-    const size_t elem = DtypeSize(e.dtype);
-    if (elem == 0) return tf.Error("dtype", "unknown dtype \"" + Printable(e.dtype) + "\"");
-    CKPTIO_ASSIGN_OR_RETURN(const json* shape, tf.Get("shape"));
-    if (!shape->is_array() || shape->size() > kMaxTensorRank)
-      return tf.Error("shape", "expected an array of at most 32 sizes");
-    uint64_t count = 1;
-    for (const json& d : *shape) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > kMaxObjectBytes)
-        return tf.Error("shape", "sizes must be non-negative integers");
-      uint64_t dim = d.get<uint64_t>();
-      count = dim == 0 || count == 0 ? 0 : count * dim;
-      if (count > kMaxObjectBytes) return tf.Error("shape", "too many elements");
-      e.shape.push_back(static_cast<int64_t>(dim));
-    }
-    CKPTIO_ASSIGN_OR_RETURN(e.device, tf.Str("device", 64));
-    CKPTIO_ASSIGN_OR_RETURN(e.offset, tf.Uint("offset", 0, obj->size));
-    CKPTIO_ASSIGN_OR_RETURN(e.length, tf.Uint("length", 0, obj->size - e.offset));
-    if (e.length != count * elem)
-      return tf.Error("length", "is " + std::to_string(e.length) + " but dtype and shape need " +
-                                    std::to_string(count * elem));
-    CKPTIO_RETURN_IF_ERROR(tf.NoOthers());
-    if (!seen.emplace(e.object, e.name).second)
-      return tf.Error("name", "tensor \"" + Printable(e.name) + "\" appears twice in " + e.object);
-    m.tensors.push_back(std::move(e));
-  }
-  return OkStatus();
-}
-
 }  // namespace
 
 size_t DtypeSize(std::string_view dtype) {
@@ -241,61 +249,109 @@ uint64_t Manifest::TotalBytes() const {
 }
 
 namespace {
-json ManifestJson(const Manifest& m) {
-  json objects = json::array();
-  for (const auto& o : m.objects) {
-    json chunks = json::array();
-    for (const auto& c : o.chunks) chunks.push_back(c.Hex());
-    objects.push_back({{"name", o.name},
-                       {"size", o.size},
-                       {"chunk_size", o.chunk_size},
-                       {"xxh3_128", o.hash.Hex()},
-                       {"chunks", std::move(chunks)}});
+
+// Everything a reader requires of a manifest's content, on the struct: used
+// by the reader after parsing and by the writer before committing, so the
+// writer never commits what readers would reject.
+Status CheckManifest(const Manifest& m, std::string_view where) {
+  auto error = [where](std::string_view path, std::string_view what) {
+    return FieldError(where, path, what);
+  };
+  CKPTIO_RETURN_IF_ERROR(CheckRange<int64_t>(where, "step", m.step, 0, kMaxStep));
+  CKPTIO_RETURN_IF_ERROR(CheckRange<int64_t>(where, "generation", m.generation, 1, INT64_MAX));
+  CKPTIO_RETURN_IF_ERROR(CheckRange<int64_t>(where, "world_size", m.world_size, 1, 1 << 24));
+  CKPTIO_RETURN_IF_ERROR(
+      CheckRange<int64_t>(where, "saving_rank", m.saving_rank, 0, m.world_size - 1));
+  CKPTIO_RETURN_IF_ERROR(
+      CheckRange<int64_t>(where, "created_unix_ms", m.created_unix_ms, 0, INT64_MAX));
+  CKPTIO_RETURN_IF_ERROR(CheckLength(where, "writer", m.writer, 512));
+
+  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "objects", m.objects.size(), kMaxObjects, "objects"));
+  for (size_t i = 0; i < m.objects.size(); ++i) {
+    const ObjectEntry& o = m.objects[i];
+    const std::string path = "objects[" + std::to_string(i) + "]";
+    Status name_ok = ValidateObjectName(o.name);
+    if (!name_ok.ok()) return error(path + ".name", name_ok.message());
+    CKPTIO_RETURN_IF_ERROR(CheckRange<uint64_t>(where, path + ".size", o.size, 0, kMaxObjectBytes));
+    CKPTIO_RETURN_IF_ERROR(CheckRange<uint64_t>(where, path + ".chunk_size", o.chunk_size,
+                                                kMinChunkBytes, kMaxChunkBytes));
+    const uint64_t want = ObjectEntry::ChunkCount(o.size, o.chunk_size);
+    if (o.chunks.size() != want)
+      return error(path + ".chunks", "has " + std::to_string(o.chunks.size()) +
+                                         " entries; size and chunk_size imply " +
+                                         std::to_string(want));
+    if (i > 0 && m.objects[i - 1].name >= o.name)
+      return error(path + ".name", m.objects[i - 1].name == o.name
+                                       ? "duplicate object name \"" + o.name + "\""
+                                       : "objects are not sorted by name");
   }
-  json tensors = json::array();
-  for (const auto& t : m.tensors) {
-    // Sizes as the parser sees them in text: unsigned when not negative.
-    json shape = json::array();
-    for (int64_t d : t.shape) shape.push_back(d < 0 ? json(d) : json(static_cast<uint64_t>(d)));
-    tensors.push_back({{"name", t.name},
-                       {"object", t.object},
-                       {"dtype", t.dtype},
-                       {"shape", std::move(shape)},
-                       {"device", t.device},
-                       {"offset", t.offset},
-                       {"length", t.length}});
+
+  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "tensors", m.tensors.size(), kMaxTensors, "tensors"));
+  struct PairHash {
+    size_t operator()(const std::pair<std::string_view, std::string_view>& p) const {
+      return std::hash<std::string_view>()(p.first) * 31 + std::hash<std::string_view>()(p.second);
+    }
+  };
+  std::unordered_set<std::pair<std::string_view, std::string_view>, PairHash> seen;
+  seen.reserve(m.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const TensorEntry& t = m.tensors[i];
+    const std::string path = "tensors[" + std::to_string(i) + "]";
+    if (t.name.empty()) return error(path + ".name", "empty");
+    CKPTIO_RETURN_IF_ERROR(CheckLength(where, path + ".name", t.name, 1024));
+    const ObjectEntry* obj = m.Find(t.object);
+    if (!obj) return error(path + ".object", "names no object of this checkpoint");
+    const size_t elem = DtypeSize(t.dtype);
+    if (elem == 0) return error(path + ".dtype", "unknown dtype \"" + Printable(t.dtype) + "\"");
+    if (t.shape.size() > kMaxTensorRank)
+      return error(path + ".shape", "expected an array of at most 32 sizes");
+    uint64_t count = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0 || static_cast<uint64_t>(d) > kMaxObjectBytes)
+        return error(path + ".shape", "sizes must be non-negative integers");
+      const auto dim = static_cast<uint64_t>(d);
+      count = dim == 0 || count == 0 ? 0 : count * dim;
+      if (count > kMaxObjectBytes) return error(path + ".shape", "too many elements");
+    }
+    CKPTIO_RETURN_IF_ERROR(CheckLength(where, path + ".device", t.device, 64));
+    CKPTIO_RETURN_IF_ERROR(CheckRange<uint64_t>(where, path + ".offset", t.offset, 0, obj->size));
+    CKPTIO_RETURN_IF_ERROR(
+        CheckRange<uint64_t>(where, path + ".length", t.length, 0, obj->size - t.offset));
+    if (t.length != count * elem)
+      return error(path + ".length", "is " + std::to_string(t.length) +
+                                         " but dtype and shape need " +
+                                         std::to_string(count * elem));
+    if (!seen.emplace(t.object, t.name).second)
+      return error(path + ".name",
+                   "tensor \"" + Printable(t.name) + "\" appears twice in " + t.object);
   }
-  json obj = {{"format", "ckptio-manifest"},
-              {"version", m.format_version},
-              {"step", m.step},
-              {"generation", m.generation},
-              {"world_size", m.world_size},
-              {"saving_rank", m.saving_rank},
-              {"created_unix_ms", m.created_unix_ms},
-              {"writer", m.writer},
-              {"objects", std::move(objects)},
-              {"tensors", std::move(tensors)},
-              {"metadata", m.metadata}};
-  return obj;
+
+  CKPTIO_RETURN_IF_ERROR(
+      CheckCount(where, "metadata", m.metadata.size(), kMaxMetadataEntries, "entries"));
+  for (const auto& [key, value] : m.metadata) {
+    Status ok = ValidateMetadata(key, value);
+    if (!ok.ok()) return error("metadata." + key, ok.message());
+  }
+  return OkStatus();
 }
 
-// A manifest from its JSON (without the checksum), checked as readers check it.
+// A manifest from its JSON (without the checksum): members, types and
+// formats; CheckManifest checks the content.
 Result<Manifest> ManifestFromJson(const json& obj, std::string_view where) {
   Fields f(obj, "", where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-manifest", kManifestFormatVersion, where));
   Manifest m;
   m.format_version = kManifestFormatVersion;
-  CKPTIO_ASSIGN_OR_RETURN(m.step, f.Int("step", 0, kMaxStep));
-  CKPTIO_ASSIGN_OR_RETURN(m.generation, f.Int("generation", 1, INT64_MAX));
-  CKPTIO_ASSIGN_OR_RETURN(m.world_size, f.Int("world_size", 1, 1 << 24));
-  CKPTIO_ASSIGN_OR_RETURN(m.saving_rank, f.Int("saving_rank", 0, m.world_size - 1));
-  CKPTIO_ASSIGN_OR_RETURN(m.created_unix_ms, f.Int("created_unix_ms", 0, INT64_MAX));
-  CKPTIO_ASSIGN_OR_RETURN(m.writer, f.Str("writer", 512));
+  CKPTIO_ASSIGN_OR_RETURN(m.step, f.Int("step"));
+  CKPTIO_ASSIGN_OR_RETURN(m.generation, f.Int("generation"));
+  CKPTIO_ASSIGN_OR_RETURN(m.world_size, f.Int("world_size"));
+  CKPTIO_ASSIGN_OR_RETURN(m.saving_rank, f.Int("saving_rank"));
+  CKPTIO_ASSIGN_OR_RETURN(m.created_unix_ms, f.Int("created_unix_ms"));
+  CKPTIO_ASSIGN_OR_RETURN(m.writer, f.Str("writer"));
 
   CKPTIO_ASSIGN_OR_RETURN(const json* objects, f.Get("objects"));
   if (!objects->is_array()) return f.Error("objects", "expected an array");
-  if (objects->size() > kMaxObjects)
-    return f.Error("objects", "more than " + std::to_string(kMaxObjects) + " objects");
+  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "objects", objects->size(), kMaxObjects, "objects"));
   m.objects.reserve(objects->size());
   for (size_t i = 0; i < objects->size(); ++i) {
     const json& o = (*objects)[i];
@@ -303,65 +359,177 @@ Result<Manifest> ManifestFromJson(const json& obj, std::string_view where) {
     if (!o.is_object()) return f.Error(path, "expected an object");
     Fields of(o, path, where);
     ObjectEntry e;
-    CKPTIO_ASSIGN_OR_RETURN(e.name, of.Str("name", kMaxKeyComponent + 1));
-    Status name_ok = ValidateObjectName(e.name);
-    if (!name_ok.ok()) return of.Error("name", name_ok.message());
-    CKPTIO_ASSIGN_OR_RETURN(e.size, of.Uint("size", 0, kMaxObjectBytes));
-    CKPTIO_ASSIGN_OR_RETURN(e.chunk_size, of.Uint("chunk_size", kMinChunkBytes, kMaxChunkBytes));
+    CKPTIO_ASSIGN_OR_RETURN(e.name, of.Str("name"));
+    CKPTIO_ASSIGN_OR_RETURN(e.size, of.Uint("size"));
+    CKPTIO_ASSIGN_OR_RETURN(e.chunk_size, of.Uint("chunk_size"));
     CKPTIO_ASSIGN_OR_RETURN(e.hash, of.Hash("xxh3_128"));
     CKPTIO_ASSIGN_OR_RETURN(const json* chunks, of.Get("chunks"));
     if (!chunks->is_array()) return of.Error("chunks", "expected an array");
-    uint64_t want = ObjectEntry::ChunkCount(e.size, e.chunk_size);
-    if (chunks->size() != want)
-      return of.Error("chunks", "has " + std::to_string(chunks->size()) +
-                                    " entries; size and chunk_size imply " + std::to_string(want));
     e.chunks.reserve(chunks->size());
     for (size_t c = 0; c < chunks->size(); ++c) {
       const json& h = (*chunks)[c];
-      auto parsed = h.is_string() ? Hash128::FromHex(h.get<std::string>()) : std::nullopt;
+      auto parsed =
+          h.is_string() ? Hash128::FromHex(h.get_ref<const std::string&>()) : std::nullopt;
       if (!parsed)
         return of.Error("chunks[" + std::to_string(c) + "]",
                         "expected 32 hex digits (an XXH3-128)");
       e.chunks.push_back(*parsed);
     }
     CKPTIO_RETURN_IF_ERROR(of.NoOthers());
-    if (!m.objects.empty() && m.objects.back().name >= e.name)
-      return f.Error(path + ".name", m.objects.back().name == e.name
-                                         ? "duplicate object name \"" + e.name + "\""
-                                         : "objects are not sorted by name");
     m.objects.push_back(std::move(e));
   }
 
-  CKPTIO_RETURN_IF_ERROR(ParseTensors(f, m, where));
+  CKPTIO_ASSIGN_OR_RETURN(const json* tensors, f.Get("tensors"));
+  if (!tensors->is_array()) return f.Error("tensors", "expected an array");
+  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "tensors", tensors->size(), kMaxTensors, "tensors"));
+  m.tensors.reserve(tensors->size());
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    const json& t = (*tensors)[i];
+    std::string path = "tensors[" + std::to_string(i) + "]";
+    if (!t.is_object()) return f.Error(path, "expected an object");
+    Fields tf(t, path, where);
+    TensorEntry e;
+    CKPTIO_ASSIGN_OR_RETURN(e.name, tf.Str("name"));
+    CKPTIO_ASSIGN_OR_RETURN(e.object, tf.Str("object"));
+    CKPTIO_ASSIGN_OR_RETURN(e.dtype, tf.Str("dtype"));
+    CKPTIO_ASSIGN_OR_RETURN(const json* shape, tf.Get("shape"));
+    if (!shape->is_array() || shape->size() > kMaxTensorRank)
+      return tf.Error("shape", "expected an array of at most 32 sizes");
+    for (const json& d : *shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
+        return tf.Error("shape", "sizes must be non-negative integers");
+      e.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+    }
+    CKPTIO_ASSIGN_OR_RETURN(e.device, tf.Str("device"));
+    CKPTIO_ASSIGN_OR_RETURN(e.offset, tf.Uint("offset"));
+    CKPTIO_ASSIGN_OR_RETURN(e.length, tf.Uint("length"));
+    CKPTIO_RETURN_IF_ERROR(tf.NoOthers());
+    m.tensors.push_back(std::move(e));
+  }
 
   CKPTIO_ASSIGN_OR_RETURN(const json* meta, f.Get("metadata"));
   if (!meta->is_object()) return f.Error("metadata", "expected an object");
-  if (meta->size() > kMaxMetadataEntries)
-    return f.Error("metadata", "more than " + std::to_string(kMaxMetadataEntries) + " entries");
+  CKPTIO_RETURN_IF_ERROR(
+      CheckCount(where, "metadata", meta->size(), kMaxMetadataEntries, "entries"));
   for (auto it = meta->begin(); it != meta->end(); ++it) {
-    Status ok = ValidateMetadata(it.key(), it->is_string() ? it->get<std::string>() : "");
-    if (!ok.ok()) return f.Error("metadata." + it.key(), ok.message());
     if (!it->is_string()) return f.Error("metadata." + it.key(), "expected a string");
     m.metadata.emplace(it.key(), it->get<std::string>());
   }
   CKPTIO_RETURN_IF_ERROR(f.NoOthers());
   return m;
 }
+
+// The canonical serialisation (what nlohmann's dump() writes for the tree of
+// this manifest: keys sorted, no whitespace), built as text: as a JSON tree,
+// 10,000 tensors took 24 ms to build and dump twice. `breaks` receives
+// where a newline may go: before each member, metadata entry, object and
+// tensor.
+std::string ManifestBody(const Manifest& m, std::vector<size_t>& breaks) {
+  std::string out;
+  out.reserve(512 + 200 * m.tensors.size() + 40 * m.objects.size());
+  auto str = [&out](std::string_view s) { AppendJsonString(out, s); };
+  auto num = [&out](auto x) { out += std::to_string(x); };
+  auto member = [&](std::string_view key) {
+    if (out.size() > 1) {
+      out += ',';
+      breaks.push_back(out.size());
+    }
+    str(key);
+    out += ':';
+  };
+  out += '{';
+  member("created_unix_ms");
+  num(m.created_unix_ms);
+  member("format");
+  str("ckptio-manifest");
+  member("generation");
+  num(m.generation);
+  member("metadata");
+  out += '{';
+  for (const auto& [key, value] : m.metadata) {
+    if (out.back() != '{') out += ',';
+    breaks.push_back(out.size());
+    str(key);
+    out += ':';
+    str(value);
+  }
+  out += '}';
+  member("objects");
+  out += '[';
+  for (const ObjectEntry& o : m.objects) {
+    if (out.back() != '[') out += ',';
+    breaks.push_back(out.size());
+    out += "{\"chunk_size\":";
+    num(o.chunk_size);
+    out += ",\"chunks\":[";
+    for (size_t c = 0; c < o.chunks.size(); ++c) {
+      if (c > 0) out += ',';
+      out += '"' + o.chunks[c].Hex() + '"';
+    }
+    out += "],\"name\":";
+    str(o.name);
+    out += ",\"size\":";
+    num(o.size);
+    out += ",\"xxh3_128\":\"" + o.hash.Hex() + "\"}";
+  }
+  out += ']';
+  member("saving_rank");
+  num(m.saving_rank);
+  member("step");
+  num(m.step);
+  member("tensors");
+  out += '[';
+  for (const TensorEntry& t : m.tensors) {
+    if (out.back() != '[') out += ',';
+    breaks.push_back(out.size());
+    out += "{\"device\":";
+    str(t.device);
+    out += ",\"dtype\":";
+    str(t.dtype);
+    out += ",\"length\":";
+    num(t.length);
+    out += ",\"name\":";
+    str(t.name);
+    out += ",\"object\":";
+    str(t.object);
+    out += ",\"offset\":";
+    num(t.offset);
+    out += ",\"shape\":[";
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (d > 0) out += ',';
+      num(t.shape[d]);
+    }
+    out += "]}";
+  }
+  out += ']';
+  member("version");
+  num(m.format_version);
+  member("world_size");
+  num(m.world_size);
+  member("writer");
+  str(m.writer);
+  out += '}';
+  return out;
+}
+
 }  // namespace
 
-std::string SerializeManifest(const Manifest& m) { return Seal(ManifestJson(m)); }
+std::string SerializeManifest(const Manifest& m) {
+  std::vector<size_t> breaks;
+  const std::string body = ManifestBody(m, breaks);
+  return SealBody(body, breaks);
+}
 
 Result<std::string> SerializeCheckedManifest(const Manifest& m, std::string_view where) {
-  json obj = ManifestJson(m);
-  // The same checks ParseManifest makes, on the tree about to be written
-  // (cheaper than writing the text and parsing it back).
-  CKPTIO_RETURN_IF_ERROR(ManifestFromJson(obj, where).status());
-  return Seal(std::move(obj));
+  CKPTIO_RETURN_IF_ERROR(CheckManifest(m, where));
+  return SerializeManifest(m);
 }
 
 Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
   CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxManifestBytes));
-  return ManifestFromJson(obj, where);
+  CKPTIO_ASSIGN_OR_RETURN(Manifest m, ManifestFromJson(obj, where));
+  CKPTIO_RETURN_IF_ERROR(CheckManifest(m, where));
+  return m;
 }
 
 Status ValidateMetadata(std::string_view key, std::string_view value) {

@@ -265,6 +265,136 @@ TEST(ManifestRoundTripTest, EmptyManifestAndExtremeValues) {
   ExpectManifestsEqual(big, *b);
 }
 
+// The writer produces the canonical text itself (no JSON tree): for strings
+// that need escaping, non-ASCII and even invalid UTF-8, the seal must still
+// be nlohmann's dump of what a reader parses, or every such manifest would
+// read as corrupt.
+TEST(ManifestRoundTripTest, TextWriterMatchesTheCanonicalDumpForAnyString) {
+  Manifest m = MakeManifest();
+  const std::vector<std::string> names = {"plain.weight",  "quote\"d",         "back\\slash",
+                                          "new\nline",     "tab\tand\x01\x1f", "del\x7f",
+                                          "slash/is/fine", "ü日本🚀",           "{\"json\":[1,2]}"};
+  uint64_t offset = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    TensorEntry t;
+    t.name = names[i];
+    t.object = "model.safetensors";
+    t.dtype = i % 2 ? "BF16" : "I64";
+    t.shape = {static_cast<int64_t>(i), 2};
+    t.device = i % 3 ? "cpu" : "cuda:7";
+    t.offset = offset;
+    t.length = i * 2 * DtypeSize(t.dtype);
+    offset += t.length;
+    m.tensors.push_back(t);
+  }
+  m.metadata["k\x7f\"\\"] = "v\xc3\xa9\n";
+  const std::string bytes = SerializeManifest(m);
+  auto parsed = ParseManifest(bytes, kWhere);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ExpectManifestsEqual(m, *parsed);
+  json j = json::parse(bytes);
+  const std::string sum = j.at("checksum").get<std::string>();
+  j.erase("checksum");
+  EXPECT_EQ(HashBytes(j.dump()).Hex(), sum);
+  // For humans: one line per member (12 with the checksum), metadata entry,
+  // object and tensor.
+  EXPECT_EQ(std::count(bytes.begin(), bytes.end(), '\n'),
+            12 + static_cast<long>(m.metadata.size() + m.objects.size() + m.tensors.size()));
+
+  // Invalid UTF-8 is replaced (U+FFFD) in what is written and sealed, so the
+  // file still verifies; the writer's callers validate strings first.
+  Manifest bad = MakeManifest();
+  bad.writer = "host\xff:1";
+  auto read = ParseManifest(SerializeManifest(bad), kWhere);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->writer, "host\xef\xbf\xbd:1");
+}
+
+// The writer and the reader run the same content checks: whatever a reader
+// would reject, SerializeCheckedManifest refuses, with the reader's message.
+TEST(ManifestRoundTripTest, CheckedSerializationRefusesExactlyWhatReadersReject) {
+  Manifest base = MakeManifest();
+  TensorEntry t;
+  t.name = "fc.weight";
+  t.object = "model.safetensors";
+  t.dtype = "F32";
+  t.shape = {16, 8};
+  t.device = "cpu";
+  t.offset = 64;
+  t.length = 16 * 8 * 4;
+  base.tensors = {t, t};
+  base.tensors[1].name = "fc.bias";
+  ASSERT_TRUE(SerializeCheckedManifest(base, kWhere).ok());
+  struct Case {
+    std::string name;
+    std::function<void(Manifest&)> edit;
+    std::string field, what;
+  };
+  const std::vector<Case> cases = {
+      {"StepAboveMax", [](Manifest& m) { m.step = kMaxStep + 1; }, "'step'", "outside"},
+      {"GenerationZero", [](Manifest& m) { m.generation = 0; }, "'generation'", "outside"},
+      {"RankOutsideWorld", [](Manifest& m) { m.saving_rank = m.world_size; }, "'saving_rank'",
+       "outside"},
+      {"NegativeTime", [](Manifest& m) { m.created_unix_ms = -1; }, "'created_unix_ms'", "outside"},
+      {"LongWriter", [](Manifest& m) { m.writer.assign(513, 'w'); }, "'writer'", "longer than"},
+      {"ObjectNameWithSlash", [](Manifest& m) { m.objects[1].name = "a/b"; }, "'objects[1].name'",
+       "'/' is not allowed"},
+      {"UnsortedObjects", [](Manifest& m) { std::swap(m.objects[0], m.objects[1]); },
+       "'objects[1].name'", "not sorted"},
+      {"DuplicateObject", [](Manifest& m) { m.objects[1] = m.objects[0]; }, "'objects[1].name'",
+       "duplicate object name"},
+      {"ObjectTooLarge", [](Manifest& m) { m.objects[2].size = kMaxObjectBytes + 1; },
+       "'objects[2].size'", "outside"},
+      {"ChunkSizeZero", [](Manifest& m) { m.objects[2].chunk_size = 0; }, "'objects[2].chunk_size'",
+       "outside"},
+      {"MissingChunk", [](Manifest& m) { m.objects[0].chunks.pop_back(); }, "'objects[0].chunks'",
+       "imply 3"},
+      {"TensorInMissingObject", [](Manifest& m) { m.tensors[1].object = "gone.bin"; },
+       "'tensors[1].object'", "names no object"},
+      {"EmptyTensorName", [](Manifest& m) { m.tensors[0].name.clear(); }, "'tensors[0].name'",
+       "empty"},
+      {"UnknownDtype", [](Manifest& m) { m.tensors[0].dtype = "F8"; }, "'tensors[0].dtype'",
+       "unknown dtype"},
+      {"NegativeDim",
+       [](Manifest& m) {
+         m.tensors[0].shape = {-1, -128};
+       },
+       "'tensors[0].shape'", "non-negative"},
+      {"TooManyDims", [](Manifest& m) { m.tensors[0].shape.assign(33, 1); }, "'tensors[0].shape'",
+       "at most 32"},
+      {"TooManyElements",
+       [](Manifest& m) {
+         m.tensors[0].shape = {int64_t{1} << 30, int64_t{1} << 30};
+       },
+       "'tensors[0].shape'", "too many elements"},
+      {"PastTheObject", [](Manifest& m) { m.tensors[0].offset = m.objects[0].size - 8; },
+       "'tensors[0].length'", "outside"},
+      {"LengthNotShape", [](Manifest& m) { m.tensors[0].length += 4; }, "'tensors[0].length'",
+       "dtype and shape need"},
+      {"TensorTwice", [](Manifest& m) { m.tensors[1].name = m.tensors[0].name; },
+       "'tensors[1].name'", "appears twice"},
+      {"MetadataNotUtf8", [](Manifest& m) { m.metadata["bin"] = "\xff"; }, "'metadata.bin'",
+       "UTF-8"},
+      {"MetadataKeyTooLong",
+       [](Manifest& m) { m.metadata[std::string(kMaxMetadataKeyBytes + 1, 'k')] = "v"; },
+       "'metadata.kkk", "1-256 bytes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Manifest m = base;
+    c.edit(m);
+    auto refused = SerializeCheckedManifest(m, kWhere);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_TRUE(IsError(refused.status(), kDL, {kWhere, c.field, c.what}));
+    // Written unchecked, the same manifest is rejected on reading with the
+    // same message (MetadataNotUtf8 cannot be written: it would be replaced).
+    if (c.name == "MetadataNotUtf8") continue;
+    auto read = ParseManifest(SerializeManifest(m), kWhere);
+    ASSERT_FALSE(read.ok());
+    EXPECT_EQ(read.status().ToString(), refused.status().ToString());
+  }
+}
+
 TEST(ManifestRoundTripTest, SealFollowsDocumentedFormat) {
   // manifest.h: "checksum" is the XXH3-128 hex of nlohmann::json::dump() of
   // the object without that member. The hostile tests rely on this.
