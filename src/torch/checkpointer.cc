@@ -98,7 +98,8 @@ SavePlan Plan(const State& state) {
         plan.optimizers.emplace_back(OptimizerObject(name), &item.optimizer());
         break;
       case StateItem::Kind::kTensor:
-        plan.metadata[kItemPrefix + name] = "tensor";
+        // No metadata entry: tensors.safetensors lists them (and the
+        // manifest holds at most 10,000 entries).
         add(loose, {{name, item.tensor()}});
         break;
     }
@@ -344,8 +345,13 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
     auto it = meta.find(kItemPrefix + name);
     return it == meta.end() ? "" : it->second;
   };
-  std::vector<std::pair<std::string, torch::Tensor>> loose_wanted;
-  std::vector<torch::Tensor*> loose_targets;
+  // The loose tensors: those of tensors.safetensors and its stripe parts.
+  std::map<std::string, const TensorEntry*> loose_saved;
+  if (std::any_of(state.items.begin(), state.items.end(),
+                  [](const StateItem& i) { return i.kind() == StateItem::Kind::kTensor; }))
+    for (const auto& t : reader.manifest().tensors)
+      if (StripeBaseObject(reader.manifest(), t.object) == kTensorsObject) loose_saved[t.name] = &t;
+  std::vector<std::pair<torch::Tensor*, const TensorEntry*>> loose;
   for (StateItem& item : state.items) {
     const std::string& name = item.name();
     const std::string kind = kind_of(name);
@@ -374,29 +380,28 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
         staged.optimizers.emplace_back(&item.optimizer(), std::move(bytes));
         break;
       }
-      case StateItem::Kind::kTensor:
-        if (kind != "tensor") return Status(Code::kInvalidArgument, missing);
-        loose_wanted.emplace_back(name, item.tensor());
-        loose_targets.push_back(&item.tensor());
+      case StateItem::Kind::kTensor: {
+        // Older checkpoints also list each as ckptio.item.<name> = tensor.
+        auto it = loose_saved.find(name);
+        if (kind == "tensor" && it == loose_saved.end())
+          return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) + ": tensor \"" +
+                                             name + "\" is listed but not stored");
+        if (!(kind.empty() || kind == "tensor") || it == loose_saved.end())
+          return Status(Code::kInvalidArgument, missing);
+        loose.emplace_back(&item.tensor(), it->second);
         break;
+      }
     }
   }
-  if (!loose_wanted.empty()) {
+  if (!loose.empty()) {
     // Loose tensors take the saved shape and dtype, whatever the target
     // held before (like torch::load of a tensor).
     CKPTIO_RETURN_IF_ERROR(opened.View(kTensorsObject).status());
-    std::map<std::string, const TensorEntry*> saved;
-    for (const auto& t : reader.manifest().tensors)
-      if (StripeBaseObject(reader.manifest(), t.object) == kTensorsObject) saved[t.name] = &t;
-    for (size_t i = 0; i < loose_wanted.size(); ++i) {
-      auto it = saved.find(loose_wanted[i].first);
-      if (it == saved.end())
-        return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) + ": tensor \"" +
-                                           loose_wanted[i].first + "\" is listed but not stored");
-      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(it->second->device, rank));
-      CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(it->second->object));
-      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, *it->second, device));
-      staged.tensors.emplace_back(loose_targets[i], t);
+    for (const auto& [target, entry] : loose) {
+      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(entry->device, rank));
+      CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(entry->object));
+      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, *entry, device));
+      staged.tensors.emplace_back(target, t);
     }
   }
   for (const auto& [key, value] : meta)

@@ -174,8 +174,8 @@ TEST(TorchStateTest, ModuleOptimizerAndMetadataRoundTrip) {
 // a 0-d tensor and a name clashing with "__metadata__" or not UTF-8.
 TEST(TorchStateTest, TensorNamesAreEscapedInTheSafetensorsHeader) {
   TempDir dir;
-  const std::vector<std::string> names = {"quote\"d", "back\\slash", "tab\there", "\xc3\xbcml",
-                                          "ctl\x01", "plain.weight"};
+  const std::vector<std::string> names = {"quote\"d",   "back\\slash", "tab\there",
+                                          "\xc3\xbcml", "ctl\x01",     "plain.weight"};
   std::vector<torch::Tensor> values;
   State state;
   for (size_t i = 0; i < names.size(); ++i) values.push_back(torch::rand({3, int64_t(i) + 1}));
@@ -493,6 +493,75 @@ TEST(TorchStateTest, LoadFallsBackToTheNewestGoodStepLoudly) {
   EXPECT_TRUE(BitEqual(out, torch::full({100}, 20.0f)));
   EXPECT_NE(err.find("WARNING"), std::string::npos);
   EXPECT_NE(err.find("step 30 failed verification"), std::string::npos) << err;
+}
+
+// Loose tensors are found by their entries in tensors.safetensors, not by a
+// metadata entry each (the manifest holds at most 10,000): a State of more
+// tensors than that saves and loads, and asking for an item that is not
+// there, or is of another kind, is a clear error.
+TEST(TorchStateTest, MoreLooseTensorsThanTheManifestHasMetadataEntries) {
+  TempDir dir;
+  constexpr int kCount = 12000;
+  Net net;
+  std::vector<torch::Tensor> saved, loaded(kCount);
+  for (int i = 0; i < kCount; ++i) saved.push_back(torch::full({2}, i, torch::kInt64));
+  State state{{"model", net}};
+  for (int i = 0; i < kCount; ++i) state.items.emplace_back("t" + std::to_string(i), saved[i]);
+  state.SetInt("epoch", 3);
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+
+  State into{{"model", net}};
+  for (int i = 0; i < kCount; ++i) into.items.emplace_back("t" + std::to_string(i), loaded[i]);
+  auto got = ckpt->Load(into);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int i = 0; i < kCount; ++i) ASSERT_TRUE(BitEqual(loaded[i], saved[i])) << "t" << i;
+  EXPECT_EQ(into.GetInt("epoch"), 3);
+
+  torch::Tensor t;
+  Net other;
+  const std::pair<State, std::string> wrong[] = {
+      {State{{"absent", t}}, "step 1 has no tensor named \"absent\""},
+      {State{{"model", t}}, "step 1 has no tensor named \"model\""},
+      {State{{"t7", other}}, "step 1 has no module named \"t7\""},
+  };
+  for (const auto& [ask, message] : wrong) {
+    State s = ask;
+    auto r = ckpt->Load(s);
+    ASSERT_FALSE(r.ok()) << message;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status();
+  }
+}
+
+// Checkpoints written before loose tensors lost their metadata entries
+// (`ckptio.item.<name>` = "tensor") still load, and an entry whose tensor is
+// missing is damage.
+TEST(TorchStateTest, LooseTensorsListedInMetadataStillLoad) {
+  TempDir dir;
+  torch::Tensor x = torch::arange(6).reshape({2, 3}), y, z;
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(dir.Sub("store")));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto writer, store->OpenWriter({}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, writer->Begin(2));
+    CKPTIO_ASSERT_OK(WriteSafetensors(*pending, "tensors.safetensors", {{"x", x}}));
+    CKPTIO_ASSERT_OK(pending->SetMetadata("ckptio.item.x", "tensor"));
+    CKPTIO_ASSERT_OK(pending->SetMetadata("ckptio.item.z", "tensor"));
+    ASSERT_TRUE(pending->Commit().ok());
+  }
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State into{{"x", y}};
+  auto got = ckpt->Load(into);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(BitEqual(y, x));
+  State lost{{"z", z}};
+  LoadOptions at2;
+  at2.step = 2;
+  auto r = ckpt->Load(lost, at2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("\"z\" is listed but not stored"), std::string::npos)
+      << r.status();
 }
 
 TEST(TorchStateTest, AnEmptyStoreLoadsNothing) {
