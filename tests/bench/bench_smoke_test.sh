@@ -26,9 +26,10 @@ for k in ("ckptio_load_module", "memcpy", "ckptio_save_async_stall", "ckptio_sav
           "ckptio_save_striped_4ranks"):
     assert large[k] > 0, k
 assert all(v is not None and v > 0 for v in d["ratios"].values()), d["ratios"]
-assert large["ckptio_save_unhashed"] > 0
+assert large["ckptio_save_hashed"] > 0 and large["ckptio_save_unhashed"] > 0
 assert -1 < d["checksum_share_of_save"] < 1, d["checksum_share_of_save"]
-if "ckptio_save_tmpfs" in large:  # where /dev/shm has room
+if "ckptio_save_hashed_tmpfs" in large:  # where /dev/shm has room
+    assert large["ckptio_save_unhashed_tmpfs"] > 0
     assert -1 < d["checksum_share_of_save_tmpfs"] < 1, d["checksum_share_of_save_tmpfs"]
 assert d["machine"]["cores"] >= 1
 print("bench smoke: %d ratios, every contender timed for both shapes" % len(d["ratios"]))
