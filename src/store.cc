@@ -950,6 +950,14 @@ Result<std::vector<StepEntry>> Store::ListSteps() {
   return out;
 }
 
+Result<std::vector<int64_t>> Store::ListStepsWithManifest() {
+  CKPTIO_ASSIGN_OR_RETURN(auto by_step, KeysByStep(*backend_));
+  std::vector<int64_t> out;
+  for (const auto& [step, names] : by_step)
+    if (std::find(names.begin(), names.end(), kManifestName) != names.end()) out.push_back(step);
+  return out;
+}
+
 Result<std::optional<Latest>> Store::ReadLatest() { return LoadLatest(*backend_); }
 
 Result<std::unique_ptr<CheckpointReader>> Store::OpenStep(int64_t step) {

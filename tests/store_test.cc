@@ -151,6 +151,21 @@ TEST_F(StoreTest, AbandonedCheckpointLeavesNothingAndPreviousSurvives) {
   EXPECT_EQ(*r->ReadAll("a"), "keep");
 }
 
+// What a load tries: steps with a manifest, damaged or not (OpenStep judges),
+// never a torn one; nothing else in the folder.
+TEST_F(StoreTest, ListStepsWithManifestNamesCandidatesWithoutReadingThem) {
+  EXPECT_EQ(store_->ListStepsWithManifest().status().code(), Code::kNotFound);
+  auto w = Writer();
+  for (int64_t step : {3, 1, 7}) ASSERT_TRUE(Save(*w, step, {{"a", "x"}}).ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto torn, w->Begin(9));
+  CKPTIO_ASSERT_OK(torn->PutObject("a", "y", 1));
+  testing::WriteFile(dir_.Sub("store/step-000000000003/MANIFEST.json"), "{torn");
+  testing::WriteFile(dir_.Sub("store/notes.txt"), "not a step");
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListStepsWithManifest());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 3, 7}));
+  EXPECT_EQ(store_->OpenStep(3).status().code(), Code::kDataLoss);
+}
+
 TEST_F(StoreTest, CommitRefusesOpenOrFailedStreams) {
   auto w = Writer();
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(3));

@@ -314,7 +314,13 @@ class Store {
   StorageBackend& backend() { return *backend_; }
 
   // Every step directory, ascending. NotFound if the store does not exist.
+  // Reads and checks every manifest (to tell committed from corrupt).
   Result<std::vector<StepEntry>> ListSteps();
+
+  // The steps whose directory holds a MANIFEST.json, ascending: what a load
+  // may try, newest first, through OpenStep (which checks). Reads no
+  // manifest. NotFound if the store does not exist.
+  Result<std::vector<int64_t>> ListStepsWithManifest();
 
   // nullopt when there is no LATEST yet; DataLoss when it is corrupt.
   Result<std::optional<Latest>> ReadLatest();

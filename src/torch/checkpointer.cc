@@ -805,14 +805,14 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
       if (options.step) {
         candidates.push_back(*options.step);
       } else {
-        auto steps = store_->ListSteps();
+        // Manifests are read (and checked) once, by OpenStep below.
+        auto steps = store_->ListStepsWithManifest();
         if (!steps.ok()) {
           if (steps.status().code() == Code::kNotFound) return {{"none", true}};
           return {{"code", static_cast<int>(steps.status().code())},
                   {"message", steps.status().message()}};
         }
-        for (auto it = steps->rbegin(); it != steps->rend(); ++it)
-          if (it->state != StepState::kTorn) candidates.push_back(it->step);
+        candidates.assign(steps->rbegin(), steps->rend());
         if (candidates.empty()) return {{"none", true}};
       }
       json skipped = json::array();
@@ -916,7 +916,7 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
   State state;
   state.items.push_back(std::move(item));
   // The newest step that verifies.
-  auto steps = store->ListSteps();
+  auto steps = store->ListStepsWithManifest();
   if (!steps.ok()) {
     if (steps.status().code() == Code::kNotFound)
       return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
@@ -924,14 +924,15 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
   }
   Status last = Status(Code::kNotFound, "no committed checkpoint in " + store->uri());
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-    if (it->state != StepState::kCommitted) continue;
-    auto reader = store->OpenStep(it->step);
-    if (!reader.ok()) return reader.status();
     OpenedStep opened;
-    opened.reader = std::move(*reader);
-    Status v = opened.ViewAll();
+    auto reader = store->OpenStep(*it);
+    Status v = reader.status();
+    if (reader.ok()) {
+      opened.reader = std::move(*reader);
+      v = opened.ViewAll();
+    }
     if (v.code() == Code::kDataLoss) {
-      std::cerr << "ckptio: WARNING: step " << it->step << " failed verification and is skipped ("
+      std::cerr << "ckptio: WARNING: step " << *it << " failed verification and is skipped ("
                 << v.message() << ")\n";
       last = v;
       continue;

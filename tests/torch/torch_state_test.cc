@@ -476,10 +476,12 @@ TEST(TorchStateTest, LoadFallsBackToTheNewestGoodStepLoudly) {
   auto ckpt = OpenCkpt(dir.Sub("store"));
   torch::Tensor t;
   State s{{"t", t}};
-  for (int64_t step : {10, 20, 30}) {
+  for (int64_t step : {10, 20, 30, 40}) {
     t = torch::full({100}, static_cast<float>(step));
     CKPTIO_ASSERT_OK(ckpt->Save(step, s));
   }
+  // Step 40's manifest is damaged, step 30's tensor bytes.
+  testing::WriteFile(dir.Sub("store/step-000000000040/MANIFEST.json"), "{\"checksum\":");
   testing::FlipBit(dir.Sub("store/step-000000000030/tensors.safetensors"), 200, 0);
   torch::Tensor out;
   State in{{"t", out}};
@@ -488,11 +490,28 @@ TEST(TorchStateTest, LoadFallsBackToTheNewestGoodStepLoudly) {
   std::string err = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)->step, 20);
-  ASSERT_EQ((*got)->skipped.size(), 1u);
-  EXPECT_EQ((*got)->skipped[0].first, 30);
+  ASSERT_EQ((*got)->skipped.size(), 2u);
+  EXPECT_EQ((*got)->skipped[0].first, 40);
+  EXPECT_EQ((*got)->skipped[1].first, 30);
   EXPECT_TRUE(BitEqual(out, torch::full({100}, 20.0f)));
   EXPECT_NE(err.find("WARNING"), std::string::npos);
   EXPECT_NE(err.find("step 30 failed verification"), std::string::npos) << err;
+
+  // The one-line load skips both the same way (its steps are 0, 1, 2).
+  for (float v : {0.0f, 1.0f, 2.0f}) {
+    torch::Tensor x = torch::full({100}, v);
+    CKPTIO_ASSERT_OK(save(x, dir.Sub("one")));
+  }
+  testing::WriteFile(dir.Sub("one/step-000000000002/MANIFEST.json"), "{\"checksum\":");
+  testing::FlipBit(dir.Sub("one/step-000000000001/tensors.safetensors"), 200, 0);
+  torch::Tensor one;
+  ::testing::internal::CaptureStderr();
+  Status loaded = load(one, dir.Sub("one"));
+  err = ::testing::internal::GetCapturedStderr();
+  CKPTIO_ASSERT_OK(loaded);
+  EXPECT_TRUE(BitEqual(one, torch::full({100}, 0.0f)));
+  EXPECT_NE(err.find("step 2 failed verification"), std::string::npos) << err;
+  EXPECT_NE(err.find("step 1 failed verification"), std::string::npos) << err;
 }
 
 // Loose tensors are found by their entries in tensors.safetensors, not by a
