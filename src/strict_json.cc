@@ -1,7 +1,6 @@
 #include "strict_json.h"
 
 #include <algorithm>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -35,43 +34,74 @@ int JsonDepth(std::string_view text) {
   return max_depth;
 }
 
-// A SAX pass that finds the first key repeated within one object. (A parse
-// callback could do it too, but nlohmann's callback parser rescans the
-// parent object at every object's end: quadratic in a 10,000-tensor header.)
-class DuplicateKeyFinder : public nlohmann::json_sax<json> {
+// Builds the document from SAX events, refusing a key repeated within one
+// object: one pass, and the check is a lookup in the object being built.
+// (nlohmann's own parse keeps the last value silently, and its callback
+// parser rescans the parent object at every object's end: quadratic in a
+// 10,000-tensor header.)
+class StrictBuilder : public nlohmann::json_sax<json> {
  public:
-  std::string duplicate;
+  json root;
+  std::string duplicate;  // set when the parse stopped at a repeated key
+  std::string error;      // set on a syntax error
 
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
+  bool null() override { return Put(nullptr) != nullptr; }
+  bool boolean(bool v) override { return Put(v) != nullptr; }
+  bool number_integer(number_integer_t v) override { return Put(v) != nullptr; }
+  bool number_unsigned(number_unsigned_t v) override { return Put(v) != nullptr; }
+  bool number_float(number_float_t v, const string_t&) override { return Put(v) != nullptr; }
+  bool string(string_t& v) override { return Put(std::move(v)) != nullptr; }
+  bool binary(binary_t& v) override { return Put(json::binary(std::move(v))) != nullptr; }
   bool start_object(std::size_t) override {
-    keys_.emplace_back();
+    stack_.push_back(Put(json::object()));
     return true;
   }
   bool key(string_t& k) override {
-    if (!keys_.back().insert(k).second) {
+    // try_emplace leaves `k` alone when the key is there already.
+    auto [it, added] = stack_.back()->get_ref<json::object_t&>().try_emplace(std::move(k));
+    if (!added) {
       duplicate = k;
       return false;  // stop: the first one is enough
     }
+    slot_ = &it->second;
     return true;
   }
   bool end_object() override {
-    keys_.pop_back();
+    stack_.pop_back();
     return true;
   }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+  bool start_array(std::size_t) override {
+    stack_.push_back(Put(json::array()));
+    return true;
+  }
+  bool end_array() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = e.what();
     return false;
   }
 
  private:
-  std::vector<std::set<std::string>> keys_;
+  // Places a value where the document expects the next one.
+  template <typename V>
+  json* Put(V&& v) {
+    if (stack_.empty()) {
+      root = json(std::forward<V>(v));
+      return &root;
+    }
+    json& parent = *stack_.back();
+    if (parent.is_array()) {
+      parent.push_back(json(std::forward<V>(v)));
+      return &parent.back();
+    }
+    *slot_ = json(std::forward<V>(v));
+    return slot_;
+  }
+
+  std::vector<json*> stack_;  // the open objects and arrays, innermost last
+  json* slot_ = nullptr;      // the member of the innermost object named by the last key
 };
 
 }  // namespace
@@ -85,17 +115,13 @@ Result<json> ParseStrictJson(std::string_view bytes, int max_depth, std::string_
                  " (torn or corrupt)");
   if (JsonDepth(bytes) > max_depth)
     return error("nests deeper than " + std::to_string(max_depth) + " levels");
-  json obj;
-  try {
-    obj = json::parse(bytes.begin(), bytes.end());
-  } catch (const json::exception& e) {
-    return error(std::string("is not valid JSON (torn or corrupt): ") + e.what());
+  StrictBuilder builder;
+  if (!json::sax_parse(bytes.begin(), bytes.end(), &builder)) {
+    if (!builder.duplicate.empty())
+      return error("member \"" + Printable(builder.duplicate) + "\" appears twice");
+    return error("is not valid JSON (torn or corrupt): " + builder.error);
   }
-  DuplicateKeyFinder finder;
-  json::sax_parse(bytes.begin(), bytes.end(), &finder);
-  if (!finder.duplicate.empty())
-    return error("member \"" + Printable(finder.duplicate) + "\" appears twice");
-  return obj;
+  return std::move(builder.root);
 }
 
 }  // namespace ckptio

@@ -32,6 +32,7 @@
 #include "ckptio/hash.h"
 #include "ckptio/manifest.h"
 #include "ckptio/status.h"
+#include "strict_json.h"
 
 namespace ckptio {
 
@@ -939,6 +940,64 @@ TEST(ManifestHostileWhereTest, MessagesHoldNoRawControlCharacters) {
           << c.name << ": control byte " << int{u} << " in: " << r.status();
     }
   }
+}
+
+// The strict parser builds its document itself (one SAX pass that also
+// refuses repeated keys): on random documents it must agree with nlohmann's
+// parse exactly, and on every truncation of them accept and refuse alike.
+TEST(StrictJsonTest, AgreesWithNlohmannOnRandomDocuments) {
+  std::mt19937_64 rng(7);
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  const std::vector<std::string> strings = {"",  "a",  "é日🚀", "q\"b\\s", "\n\t\x01",
+                                            "k", "kk", "\x7f", "123",     "null"};
+  std::function<json(int)> value = [&](int depth) -> json {
+    switch (depth > 3 ? pick(6) : pick(8)) {
+      case 0:
+        return nullptr;
+      case 1:
+        return pick(2) == 1;
+      case 2:
+        return static_cast<int64_t>(rng()) >> pick(64);
+      case 3:
+        return rng();
+      case 4:
+        return static_cast<double>(static_cast<int64_t>(rng() >> 11)) / 1024.0;
+      case 5:
+        return strings[pick(static_cast<int>(strings.size()))] + std::to_string(pick(3));
+      case 6: {
+        json a = json::array();
+        for (int i = pick(5); i > 0; --i) a.push_back(value(depth + 1));
+        return a;
+      }
+      default: {
+        json o = json::object();
+        for (int i = pick(5); i > 0; --i)
+          o[strings[pick(static_cast<int>(strings.size()))]] = value(depth + 1);
+        return o;
+      }
+    }
+  };
+  for (int doc = 0; doc < 500; ++doc) {
+    const json original = value(0);
+    const std::string text = original.dump(pick(2) ? -1 : 1);
+    auto strict = ParseStrictJson(text, 8, "doc");
+    ASSERT_TRUE(strict.ok()) << text << ": " << strict.status();
+    EXPECT_EQ(*strict, json::parse(text)) << text;
+    EXPECT_EQ(strict->dump(), original.dump()) << text;
+    for (size_t cut = 0; cut < text.size(); cut += 1 + text.size() / 16) {
+      const std::string part = text.substr(0, cut);
+      const bool accepted = json::accept(part);
+      auto r = ParseStrictJson(part, 8, "doc");
+      EXPECT_EQ(r.ok(), accepted) << "cut at " << cut << " of " << text;
+      if (r.ok()) {
+        EXPECT_EQ(*r, json::parse(part));
+      }
+    }
+  }
+  // A key repeated at any depth is refused; the same key in siblings is not.
+  EXPECT_TRUE(IsError(ParseStrictJson(R"({"a":[{"x":1,"y":{"x":2},"x":3}]})", 8, "doc").status(),
+                      kDL, {"doc", "member \"x\" appears twice"}));
+  EXPECT_TRUE(ParseStrictJson(R"({"a":[{"x":1},{"x":2}],"x":{"x":3}})", 8, "doc").ok());
 }
 
 TEST(ManifestDuplicateKeyTest, CaughtEvenWithAValidChecksum) {
