@@ -11,6 +11,7 @@
 #include "ckptio/backends.h"
 #include "ckptio/safetensors.h"
 #include "ckptio/torch.h"
+#include "copy.h"
 
 namespace ckptio {
 
@@ -107,32 +108,6 @@ SavePlan Plan(const State& state) {
   if (!loose.tensors.empty()) plan.tensor_objects.push_back(std::move(loose));
   for (const auto& [key, value] : state.metadata) plan.metadata[kUserPrefix + key] = value;
   return plan;
-}
-
-struct CopyJob {
-  char* dst;
-  const char* src;
-  uint64_t size;
-};
-
-// Runs the copies in 8 MiB pieces on up to 4 threads (one per core).
-void ParallelCopy(const std::vector<CopyJob>& jobs) {
-  constexpr uint64_t kPiece = 8 << 20;
-  std::vector<CopyJob> pieces;
-  for (const CopyJob& j : jobs)
-    for (uint64_t o = 0; o < j.size; o += kPiece)
-      pieces.push_back({j.dst + o, j.src + o, std::min(kPiece, j.size - o)});
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < pieces.size();)
-      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].size);
-  };
-  const size_t threads =
-      std::min<size_t>(pieces.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
-  std::vector<std::thread> helpers;
-  for (size_t i = 1; i < threads; ++i) helpers.emplace_back(work);
-  work();
-  for (auto& t : helpers) t.join();
 }
 
 std::string PartObject(const std::string& object, int rank) {

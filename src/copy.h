@@ -1,0 +1,32 @@
+// Large memory copies (internal): staging for SaveAsync, loads into
+// existing parameters.
+#ifndef CKPTIO_SRC_COPY_H_
+#define CKPTIO_SRC_COPY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ckptio {
+
+// memcpy, with streaming (non-temporal) stores from 1 MiB up, where the
+// destination will have left the caches before anyone reads it: skipping
+// the read-for-ownership of every destination line makes a large copy about
+// a quarter faster (1 GiB on this VM's 2 cores: 0.052 s with memcpy, 0.039 s
+// streaming; glibc streams only above 288 MiB per call here). Any
+// alignment; done (fenced) when it returns.
+void StreamCopy(char* dst, const char* src, size_t n);
+
+struct CopyJob {
+  char* dst;
+  const char* src;
+  uint64_t size;
+};
+
+// Runs the copies with StreamCopy in 8 MiB pieces on up to 4 threads (one
+// per core); returns when all are done.
+void ParallelCopy(const std::vector<CopyJob>& jobs);
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_SRC_COPY_H_
