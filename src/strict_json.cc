@@ -41,7 +41,8 @@ int JsonDepth(std::string_view text) {
 // 10,000-tensor header.)
 class StrictBuilder : public nlohmann::json_sax<json> {
  public:
-  json root;
+  explicit StrictBuilder(json& root) : root_(root) {}
+
   std::string duplicate;  // set when the parse stopped at a repeated key
   std::string error;      // set on a syntax error
 
@@ -88,8 +89,8 @@ class StrictBuilder : public nlohmann::json_sax<json> {
   template <typename V>
   json* Put(V&& v) {
     if (stack_.empty()) {
-      root = json(std::forward<V>(v));
-      return &root;
+      root_ = json(std::forward<V>(v));
+      return &root_;
     }
     json& parent = *stack_.back();
     if (parent.is_array()) {
@@ -100,6 +101,7 @@ class StrictBuilder : public nlohmann::json_sax<json> {
     return slot_;
   }
 
+  json& root_;                // the document
   std::vector<json*> stack_;  // the open objects and arrays, innermost last
   json* slot_ = nullptr;      // the member of the innermost object named by the last key
 };
@@ -115,13 +117,14 @@ Result<json> ParseStrictJson(std::string_view bytes, int max_depth, std::string_
                  " (torn or corrupt)");
   if (JsonDepth(bytes) > max_depth)
     return error("nests deeper than " + std::to_string(max_depth) + " levels");
-  StrictBuilder builder;
+  json root;
+  StrictBuilder builder(root);
   if (!json::sax_parse(bytes.begin(), bytes.end(), &builder)) {
     if (!builder.duplicate.empty())
       return error("member \"" + Printable(builder.duplicate) + "\" appears twice");
     return error("is not valid JSON (torn or corrupt): " + builder.error);
   }
-  return std::move(builder.root);
+  return root;
 }
 
 }  // namespace ckptio
