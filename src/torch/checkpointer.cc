@@ -265,6 +265,14 @@ namespace {
 
 using internal::OpenedStep;
 
+// `step` opened and every object verified: DataLoss when it is damaged.
+Result<std::unique_ptr<OpenedStep>> OpenVerified(Store& store, int64_t step) {
+  auto opened = std::make_unique<OpenedStep>();
+  CKPTIO_ASSIGN_OR_RETURN(opened->reader, store.OpenStep(step));
+  CKPTIO_RETURN_IF_ERROR(opened->ViewAll());
+  return opened;
+}
+
 std::string ShapeStr(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -792,17 +800,12 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
       }
       json skipped = json::array();
       for (int64_t step : candidates) {
-        auto opened = std::make_unique<OpenedStep>();
-        auto reader = store_->OpenStep(step);
-        Status v = reader.status();
-        if (reader.ok()) {
-          opened->reader = std::move(*reader);
-          v = opened->ViewAll();
-        }
-        if (v.ok()) {
-          *verified = std::move(opened);
+        auto opened = OpenVerified(*store_, step);
+        if (opened.ok()) {
+          *verified = std::move(*opened);
           return {{"step", step}, {"skipped", skipped}};
         }
+        const Status& v = opened.status();
         if (v.code() != Code::kDataLoss || options.step)
           return {{"code", static_cast<int>(v.code())}, {"message", v.message()}};
         // The decision travels as one small record: keep it bounded (the
@@ -899,24 +902,18 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
   }
   Status last = Status(Code::kNotFound, "no committed checkpoint in " + store->uri());
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-    OpenedStep opened;
-    auto reader = store->OpenStep(*it);
-    Status v = reader.status();
-    if (reader.ok()) {
-      opened.reader = std::move(*reader);
-      v = opened.ViewAll();
-    }
-    if (v.code() == Code::kDataLoss) {
+    auto opened = OpenVerified(*store, *it);
+    if (opened.status().code() == Code::kDataLoss) {
       std::cerr << "ckptio: WARNING: step " << *it << " failed verification and is skipped ("
-                << v.message() << ")\n";
-      last = v;
+                << opened.status().message() << ")\n";
+      last = opened.status();
       continue;
     }
-    CKPTIO_RETURN_IF_ERROR(v);
+    CKPTIO_RETURN_IF_ERROR(opened.status());
     MapLocation map = MapLocation::To(device);
     Staged staged;
     CKPTIO_RETURN_IF_ERROR(Guard("load from " + store->uri(), [&]() -> Status {
-      CKPTIO_ASSIGN_OR_RETURN(staged, Stage(opened, state, map, Single()));
+      CKPTIO_ASSIGN_OR_RETURN(staged, Stage(**opened, state, map, Single()));
       return OkStatus();
     }));
     return Apply(staged, state, map, Single());
