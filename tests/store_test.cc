@@ -347,6 +347,24 @@ TEST_P(ViewTest, HoldsEveryVerifiedByteAndOutlivesTheReader) {
   EXPECT_EQ(empty->size(), 0u);
 }
 
+// Large enough that the buffer path populates its memory on a second thread
+// while the reads fill it: every byte must still be the object's, and a
+// read that fails half way stops that thread.
+TEST_P(ViewTest, ALargeObjectIsHeldWholeAndABadChunkStopsTheRead) {
+  auto w = Writer();
+  const std::string big = RandomBytes((40 << 20) + 5, 8);  // 11 chunks
+  ASSERT_TRUE(Save(*w, 1, {{"big", big}}).ok());
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto view, Open(1)->View("big"));
+    ASSERT_EQ(view->size(), big.size());
+    EXPECT_TRUE(std::string_view(view->data(), view->size()) == big);
+  }
+  testing::FlipBit(dir_.Sub("store/step-000000000001/big"), (5 << 20) + 1, 2);  // chunk 1
+  auto view = Open(1)->View("big");
+  ASSERT_EQ(view.status().code(), Code::kDataLoss);
+  EXPECT_NE(view.status().message().find("(chunk 1 of 11)"), std::string::npos) << view.status();
+}
+
 TEST_P(ViewTest, ACorruptChunkIsDataLossNamingTheLowestBadChunk) {
   auto w = Writer();
   const std::string big = RandomBytes((13 << 20), 5);  // 4 chunks
