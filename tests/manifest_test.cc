@@ -144,6 +144,19 @@ Manifest MakeManifest() {
   return m;
 }
 
+// A 16 x 8 F32 tensor at `offset` of MakeManifest()'s model.safetensors.
+TensorEntry FcWeight(std::string device, uint64_t offset) {
+  TensorEntry t;
+  t.name = "fc.weight";
+  t.object = "model.safetensors";
+  t.dtype = "F32";
+  t.shape = {16, 8};
+  t.device = std::move(device);
+  t.offset = offset;
+  t.length = 16 * 8 * 4;
+  return t;
+}
+
 const std::string& ValidManifestBytes() {
   static const std::string* bytes = new std::string(SerializeManifest(MakeManifest()));
   return *bytes;
@@ -220,15 +233,7 @@ TEST(ManifestRoundTripTest, EveryFieldSurvives) {
 
 TEST(ManifestRoundTripTest, CheckedSerializationWritesTheSameBytesOrRefuses) {
   Manifest m = MakeManifest();
-  TensorEntry t;
-  t.name = "fc.weight";
-  t.object = "model.safetensors";
-  t.dtype = "F32";
-  t.shape = {16, 8};
-  t.device = "cuda:0";
-  t.offset = 4096;
-  t.length = 16 * 8 * 4;
-  m.tensors.push_back(t);
+  m.tensors.push_back(FcWeight("cuda:0", 4096));
   auto checked = SerializeCheckedManifest(m, kWhere);
   ASSERT_TRUE(checked.ok()) << checked.status();
   EXPECT_EQ(*checked, SerializeManifest(m));
@@ -315,15 +320,7 @@ TEST(ManifestRoundTripTest, TextWriterMatchesTheCanonicalDumpForAnyString) {
 // would reject, SerializeCheckedManifest refuses, with the reader's message.
 TEST(ManifestRoundTripTest, CheckedSerializationRefusesExactlyWhatReadersReject) {
   Manifest base = MakeManifest();
-  TensorEntry t;
-  t.name = "fc.weight";
-  t.object = "model.safetensors";
-  t.dtype = "F32";
-  t.shape = {16, 8};
-  t.device = "cpu";
-  t.offset = 64;
-  t.length = 16 * 8 * 4;
-  base.tensors = {t, t};
+  base.tensors = {FcWeight("cpu", 64), FcWeight("cpu", 64)};
   base.tensors[1].name = "fc.bias";
   ASSERT_TRUE(SerializeCheckedManifest(base, kWhere).ok());
   struct Case {
