@@ -46,15 +46,16 @@ class StrictBuilder : public nlohmann::json_sax<json> {
   std::string duplicate;  // set when the parse stopped at a repeated key
   std::string error;      // set on a syntax error
 
-  bool null() override { return Put(nullptr) != nullptr; }
-  bool boolean(bool v) override { return Put(v) != nullptr; }
-  bool number_integer(number_integer_t v) override { return Put(v) != nullptr; }
-  bool number_unsigned(number_unsigned_t v) override { return Put(v) != nullptr; }
-  bool number_float(number_float_t v, const string_t&) override { return Put(v) != nullptr; }
-  bool string(string_t& v) override { return Put(std::move(v)) != nullptr; }
-  bool binary(binary_t& v) override { return Put(json::binary(std::move(v))) != nullptr; }
+  bool null() override { return Put(nullptr); }
+  bool boolean(bool v) override { return Put(v); }
+  bool number_integer(number_integer_t v) override { return Put(v); }
+  bool number_unsigned(number_unsigned_t v) override { return Put(v); }
+  bool number_float(number_float_t v, const string_t&) override { return Put(v); }
+  bool string(string_t& v) override { return Put(std::move(v)); }
+  bool binary(binary_t& v) override { return Put(json::binary(std::move(v))); }
   bool start_object(std::size_t) override {
-    stack_.push_back(Put(json::object()));
+    Put(json::object());
+    stack_.push_back(last_);
     return true;
   }
   bool key(string_t& k) override {
@@ -72,7 +73,8 @@ class StrictBuilder : public nlohmann::json_sax<json> {
     return true;
   }
   bool start_array(std::size_t) override {
-    stack_.push_back(Put(json::array()));
+    Put(json::array());
+    stack_.push_back(last_);
     return true;
   }
   bool end_array() override {
@@ -85,25 +87,27 @@ class StrictBuilder : public nlohmann::json_sax<json> {
   }
 
  private:
-  // Places a value where the document expects the next one.
+  // Places a value where the document expects the next one (last_ points
+  // at it). Always true: the SAX callbacks' "go on".
   template <typename V>
-  json* Put(V&& v) {
+  bool Put(V&& v) {
     if (stack_.empty()) {
       root_ = json(std::forward<V>(v));
-      return &root_;
-    }
-    json& parent = *stack_.back();
-    if (parent.is_array()) {
+      last_ = &root_;
+    } else if (json& parent = *stack_.back(); parent.is_array()) {
       parent.push_back(json(std::forward<V>(v)));
-      return &parent.back();
+      last_ = &parent.back();
+    } else {
+      *slot_ = json(std::forward<V>(v));
+      last_ = slot_;
     }
-    *slot_ = json(std::forward<V>(v));
-    return slot_;
+    return true;
   }
 
   json& root_;                // the document
   std::vector<json*> stack_;  // the open objects and arrays, innermost last
   json* slot_ = nullptr;      // the member of the innermost object named by the last key
+  json* last_ = nullptr;      // the value Put placed last
 };
 
 }  // namespace
