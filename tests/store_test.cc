@@ -166,6 +166,32 @@ TEST_F(StoreTest, ListStepsWithManifestNamesCandidatesWithoutReadingThem) {
   EXPECT_EQ(store_->OpenStep(3).status().code(), Code::kDataLoss);
 }
 
+// ListSteps remembers what it parsed (and the writer what it committed) by
+// the hash of the manifest's bytes: a manifest damaged afterwards is
+// reported corrupt the next time, never remembered as committed.
+TEST_F(StoreTest, ListStepsSeesManifestsDamagedAfterTheyWereListedOrCommitted) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", "x"}}).ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto before, store_->ListSteps());
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].state, StepState::kCommitted);
+  ASSERT_TRUE(Save(*w, 2, {{"a", "yy"}}).ok());
+  for (int64_t step : {1, 2}) {
+    const std::string path = dir_.Sub("store/" + StepDirName(step) + "/MANIFEST.json");
+    testing::FlipBit(path, testing::ReadFile(path).size() / 2, 1);
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto after, store_->ListSteps());
+  ASSERT_EQ(after.size(), 2u);
+  for (const StepEntry& e : after) {
+    EXPECT_EQ(e.state, StepState::kCorrupt) << "step " << e.step;
+    EXPECT_NE(e.problem.find("MANIFEST.json"), std::string::npos) << e.problem;
+  }
+  // Another store object over the same folder agrees.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, OpenStore(dir_.Sub("store")));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto again, other->ListSteps());
+  for (const StepEntry& e : again) EXPECT_EQ(e.state, StepState::kCorrupt) << "step " << e.step;
+}
+
 TEST_F(StoreTest, CommitRefusesOpenOrFailedStreams) {
   auto w = Writer();
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(3));
