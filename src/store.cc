@@ -344,11 +344,11 @@ class Populator {
   void Run([[maybe_unused]] char* p, [[maybe_unused]] uint64_t n) {
 #ifdef MADV_POPULATE_WRITE
     const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
-    constexpr uintptr_t kStep = 16 << 20;
-    for (; lo < end && !stop_; lo += kStep)
-      if (::madvise(reinterpret_cast<void*>(lo), std::min(kStep, end - lo), MADV_POPULATE_WRITE))
+    char* lo = p + (page - reinterpret_cast<uintptr_t>(p) % page) % page;  // whole pages only
+    char* const end = p + n - reinterpret_cast<uintptr_t>(p + n) % page;
+    constexpr ptrdiff_t kStep = 16 << 20;
+    for (; lo < end && !stop_; lo += std::min(kStep, end - lo))
+      if (::madvise(lo, static_cast<size_t>(std::min(kStep, end - lo)), MADV_POPULATE_WRITE))
         return;  // not supported: the reads fault the pages in themselves
 #endif
   }
