@@ -514,6 +514,30 @@ TEST(TorchStateTest, LoadFallsBackToTheNewestGoodStepLoudly) {
   EXPECT_NE(err.find("step 1 failed verification"), std::string::npos) << err;
 }
 
+// A step written by a newer ckptio (a format version this build does not
+// read) is not skipped for an older one: both loads stop and say to upgrade.
+TEST(TorchStateTest, ANewerFormatStopsTheLoadInsteadOfBeingSkipped) {
+  TempDir dir;
+  for (float v : {1.0f, 2.0f}) {
+    torch::Tensor x = torch::full({4}, v);
+    CKPTIO_ASSERT_OK(save(x, dir.Sub("one")));
+  }
+  const std::string path = dir.Sub("one/step-000000000001/MANIFEST.json");
+  nlohmann::json m = nlohmann::json::parse(testing::ReadFile(path));
+  m.erase("checksum");
+  m["version"] = 2;
+  m["checksum"] = HashBytes(m.dump()).Hex();  // sealed as a newer writer would
+  testing::WriteFile(path, m.dump());
+  torch::Tensor y;
+  Status one = load(y, dir.Sub("one"));
+  EXPECT_EQ(one.code(), Code::kFailedPrecondition) << one;
+  EXPECT_NE(one.message().find("upgrade ckptio"), std::string::npos) << one;
+  EXPECT_FALSE(y.defined()) << "nothing loaded";
+  State s{{"value", y}};
+  auto got = OpenCkpt(dir.Sub("one"))->Load(s);
+  EXPECT_EQ(got.status().code(), Code::kFailedPrecondition) << got.status();
+}
+
 // Loose tensors are found by their entries in tensors.safetensors, not by a
 // metadata entry each (the manifest holds at most 10,000): a State of more
 // tensors than that saves and loads, and asking for an item that is not
