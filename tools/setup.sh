@@ -29,6 +29,9 @@ if [ -n "${CKPTIO_NO_DEBIAN_TORCH:-}" ]; then
 fi
 
 missing=()
+# CKPTIO_NO_APT: the dependencies come from elsewhere (the packages that
+# tools/gpu-check.sh unpacks for a machine that cannot fetch any).
+[ -n "${CKPTIO_NO_APT:-}" ] && PACKAGES=()
 for p in "${PACKAGES[@]}"; do
   [ -n "$p" ] || continue
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

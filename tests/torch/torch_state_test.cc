@@ -6,6 +6,7 @@
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
 #include "ckptio/torch.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -431,6 +432,56 @@ TEST_F(MapLocationTest, AMissingCudaDeviceIsAClearErrorAndLeavesTheModel) {
   EXPECT_EQ(ckpt->Load(s, o).status().code(), Code::kInvalidArgument);
 }
 
+// With CUDA, Auto is this rank's own GPU (cuda:LOCAL_RANK), whatever the
+// manifest recorded; a function may pick a GPU too.
+TEST_F(MapLocationTest, CudaAutoAndAFunctionLandOnTheRanksOwnDevice) {
+  CKPTIO_REQUIRE_CUDA();
+  const MapLocation maps[] = {
+      MapLocation::Auto(), MapLocation::To("cuda:0"),
+      MapLocation::With([](const std::string&) { return torch::Device("cuda:0"); })};
+  for (const MapLocation& map : maps) {
+    auto ckpt = OpenCkpt(dir_.Sub("store"));  // rank 0, LOCAL_RANK 0
+    One m;
+    State s{{"model", m}};
+    LoadOptions o;
+    o.map_location = map;
+    auto got = ckpt->Load(s, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(m.weight.device(), torch::Device("cuda:0"));
+    EXPECT_TRUE(BitEqual(m.weight, weight_));
+  }
+}
+
+// Auto on a rank whose LOCAL_RANK names a GPU this machine lacks: a clear
+// error naming it, not a silent pile-up on cuda:0.
+TEST_F(MapLocationTest, CudaAutoForALocalRankWithoutItsGpuIsAClearError) {
+  CKPTIO_REQUIRE_CUDA();
+  const int n = static_cast<int>(torch::cuda::device_count());
+  // Ranks 0 and n of one job (in this process): rank 0 decides the step.
+  auto open = [&](int r) {
+    RankInfo rank;
+    rank.world_size = rank.local_world_size = n + 1;
+    rank.rank = rank.local_rank = r;
+    rank.job_id = "cuda-auto-test";
+    CheckpointerOptions opts;
+    opts.wait = WaitMode::kManifest;
+    auto c = Checkpointer::Open(dir_.Sub("store"), rank, opts);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto rank0 = open(0), last = open(n);  // last: LOCAL_RANK n, one past the last GPU
+  ASSERT_TRUE(rank0 && last);
+  One m0, m;
+  State s0{{"model", m0}}, s{{"model", m}};
+  CKPTIO_ASSERT_OK(rank0->Load(s0).status());
+  EXPECT_EQ(m0.weight.device(), torch::Device("cuda:0"));
+  auto got = last->Load(s);
+  EXPECT_EQ(got.status().code(), Code::kFailedPrecondition) << got.status();
+  EXPECT_NE(got.status().message().find("cuda:" + std::to_string(n)), std::string::npos)
+      << got.status();
+  EXPECT_TRUE(BitEqual(m.weight, torch::zeros({4, 4}))) << "model untouched";
+}
+
 TEST(TorchStateTest, AFailedLoadLeavesModelAndOptimizerUntouched) {
   TempDir dir;
   Net net;
@@ -639,9 +690,7 @@ TEST(TorchStateTest, OneLineSaveAndLoadMirrorTorch) {
 }
 
 TEST(TorchStateTest, CudaRoundTrip) {
-  if (!torch::cuda::is_available())
-    GTEST_SKIP() << "no CUDA device on this machine: the CUDA load and save paths are checked by "
-                    "tools/gpu-check.sh on a GPU machine";
+  CKPTIO_REQUIRE_CUDA();
   TempDir dir;
   auto ckpt = OpenCkpt(dir.Sub("store"));
   torch::Tensor t = torch::randn({1000}, torch::Device("cuda:0"));

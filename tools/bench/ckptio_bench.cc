@@ -228,7 +228,7 @@ void GpuBench(const std::string& dir, const std::string& device_name, int64_t si
   for (const auto& h : host) tensors.push_back(h.to(device));
   const double gib = static_cast<double>(shape.count * shape.elems * 4) / (1 << 30);
   std::map<std::string, std::vector<double>> t;
-  auto sync = [] { torch::cuda::synchronize(); };
+  auto sync = [&] { torch::cuda::synchronize(device.has_index() ? device.index() : -1); };
   torch::Tensor pinned =
       torch::empty({static_cast<int64_t>(size_mib << 20)},
                    torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
@@ -284,8 +284,10 @@ void GpuBench(const std::string& dir, const std::string& device_name, int64_t si
       if (!got.ok()) Die(got.status().ToString());
       sync();
     }));
-    if (!torch::equal(module->parameters().back(), tensors.back()))
-      Die("ckptio loaded different bytes onto " + device_name);
+    const auto loaded = module->parameters();
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (!loaded[i].is_cuda() || !torch::equal(loaded[i], tensors[i]))
+        Die("ckptio loaded different bytes onto " + device_name);
     const std::string tpt = dir + "/gpu-torch.pt";
     torch::save(host, tpt);
     t["torch_load_to_device"].push_back(Seconds([&] {
