@@ -91,10 +91,26 @@ Status CheckCount(std::string_view where, std::string_view path, size_t n, size_
   return FieldError(where, path, "more than " + std::to_string(max) + " " + std::string(what));
 }
 
-Status CheckLength(std::string_view where, std::string_view path, std::string_view s,
-                   size_t max_bytes) {
-  if (s.size() <= max_bytes) return OkStatus();
-  return FieldError(where, path, "longer than " + std::to_string(max_bytes) + " bytes");
+bool IsUtf8(std::string_view s) {
+  if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
+    return true;
+  try {
+    (void)json(std::string(s)).dump();  // the strict handler throws on invalid UTF-8
+    return true;
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+// At most `max_bytes`, and valid UTF-8: JSON holds nothing else, and the
+// writer would otherwise commit a replacement character where the caller
+// gave other bytes (two names could then become one).
+Status CheckText(std::string_view where, std::string_view path, std::string_view s,
+                 size_t max_bytes) {
+  if (s.size() > max_bytes)
+    return FieldError(where, path, "longer than " + std::to_string(max_bytes) + " bytes");
+  if (!IsUtf8(s)) return FieldError(where, path, "\"" + Printable(s) + "\" is not valid UTF-8");
+  return OkStatus();
 }
 
 // Reads members of one JSON object, remembering which were consumed so that
@@ -136,7 +152,7 @@ class Fields {
     CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
     if (!v->is_string()) return Error(name, "expected a string");
     const auto& s = v->get_ref<const std::string&>();
-    CKPTIO_RETURN_IF_ERROR(CheckLength(where_, Join(name), s, max_bytes));
+    CKPTIO_RETURN_IF_ERROR(CheckText(where_, Join(name), s, max_bytes));
     return s;
   }
 
@@ -264,7 +280,7 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
       CheckRange<int64_t>(where, "saving_rank", m.saving_rank, 0, m.world_size - 1));
   CKPTIO_RETURN_IF_ERROR(
       CheckRange<int64_t>(where, "created_unix_ms", m.created_unix_ms, 0, INT64_MAX));
-  CKPTIO_RETURN_IF_ERROR(CheckLength(where, "writer", m.writer, 512));
+  CKPTIO_RETURN_IF_ERROR(CheckText(where, "writer", m.writer, 512));
 
   CKPTIO_RETURN_IF_ERROR(CheckCount(where, "objects", m.objects.size(), kMaxObjects, "objects"));
   for (size_t i = 0; i < m.objects.size(); ++i) {
@@ -298,7 +314,7 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
     const TensorEntry& t = m.tensors[i];
     const std::string path = "tensors[" + std::to_string(i) + "]";
     if (t.name.empty()) return error(path + ".name", "empty");
-    CKPTIO_RETURN_IF_ERROR(CheckLength(where, path + ".name", t.name, 1024));
+    CKPTIO_RETURN_IF_ERROR(CheckText(where, path + ".name", t.name, 1024));
     const ObjectEntry* obj = m.Find(t.object);
     if (!obj) return error(path + ".object", "names no object of this checkpoint");
     const size_t elem = DtypeSize(t.dtype);
@@ -310,10 +326,11 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
       if (d < 0 || static_cast<uint64_t>(d) > kMaxObjectBytes)
         return error(path + ".shape", "sizes must be non-negative integers");
       const auto dim = static_cast<uint64_t>(d);
-      count = dim == 0 || count == 0 ? 0 : count * dim;
-      if (count > kMaxObjectBytes) return error(path + ".shape", "too many elements");
+      if (dim != 0 && count > kMaxObjectBytes / dim)  // before multiplying: no wrap-around
+        return error(path + ".shape", "too many elements");
+      count *= dim;
     }
-    CKPTIO_RETURN_IF_ERROR(CheckLength(where, path + ".device", t.device, 64));
+    CKPTIO_RETURN_IF_ERROR(CheckText(where, path + ".device", t.device, 64));
     CKPTIO_RETURN_IF_ERROR(CheckRange<uint64_t>(where, path + ".offset", t.offset, 0, obj->size));
     CKPTIO_RETURN_IF_ERROR(
         CheckRange<uint64_t>(where, path + ".length", t.length, 0, obj->size - t.offset));

@@ -107,9 +107,11 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t
     for (const json& d : *shape) {
       if (!d.is_number_unsigned()) return error(at + ": shape sizes must be non-negative integers");
       const uint64_t dim = d.get<uint64_t>();
-      if (dim > data_size && count != 0) return error(at + ": shape is larger than the file");
-      count = dim == 0 || count == 0 ? 0 : count * dim;
-      if (count > data_size) return error(at + ": shape is larger than the file");
+      if (dim > static_cast<uint64_t>(INT64_MAX))
+        return error(at + ": shape size " + std::to_string(dim) + " is not a tensor size");
+      // Before multiplying: a product past the data section (or 2^64) is refused.
+      if (dim != 0 && count > data_size / dim) return error(at + ": shape is larger than the file");
+      count *= dim;
       e.shape.push_back(static_cast<int64_t>(dim));
     }
     const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();

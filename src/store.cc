@@ -112,7 +112,11 @@ ManifestSummary SummaryOf(const Manifest& m) {
 }
 
 Result<ManifestSummary> SummarizeManifest(StorageBackend& backend, int64_t step) {
-  CKPTIO_ASSIGN_OR_RETURN(std::string bytes, ReadManifestBytes(backend, step));
+  auto read = ReadManifestBytes(backend, step);
+  // A manifest that cannot be read whole (over the size limit, shorter than
+  // its size) is a damaged step, like one that does not parse.
+  if (!read.ok() && read.status().code() == Code::kDataLoss) return ManifestSummary{read.status()};
+  CKPTIO_ASSIGN_OR_RETURN(std::string bytes, std::move(read));
   const std::string key = ManifestSummaries::Key(backend, step, HashBytes(bytes));
   if (auto known = Summaries().Find(key)) return *known;
   auto m = ParseManifestOf(backend, step, bytes);
@@ -1022,13 +1026,20 @@ Result<std::vector<StepEntry>> Store::ListSteps() {
     StepEntry e;
     e.step = step;
     bool has_manifest = std::find(names.begin(), names.end(), kManifestName) != names.end();
+    Result<ManifestSummary> summary = ManifestSummary{};
     if (has_manifest) {
-      CKPTIO_ASSIGN_OR_RETURN(ManifestSummary summary, SummarizeManifest(*backend_, step));
-      const Status& loaded = summary.status;
+      summary = SummarizeManifest(*backend_, step);
+      // Deleted since it was listed (another process's retention): what is
+      // left is torn, like any step without a manifest.
+      if (!summary.ok() && summary.status().code() == Code::kNotFound) has_manifest = false;
+    }
+    if (has_manifest) {
+      CKPTIO_RETURN_IF_ERROR(summary.status());
+      const Status& loaded = summary->status;
       if (loaded.ok()) {
         e.state = StepState::kCommitted;
-        e.bytes = summary.bytes;
-        e.created_unix_ms = summary.created_unix_ms;
+        e.bytes = summary->bytes;
+        e.created_unix_ms = summary->created_unix_ms;
       } else if (loaded.code() == Code::kDataLoss) {
         e.state = StepState::kCorrupt;
         e.problem = loaded.message();

@@ -365,6 +365,12 @@ TEST(ManifestRoundTripTest, CheckedSerializationRefusesExactlyWhatReadersReject)
          m.tensors[0].shape = {int64_t{1} << 30, int64_t{1} << 30};
        },
        "'tensors[0].shape'", "too many elements"},
+      {"ElementsWrapAround",  // 2^32 * 2^32 wraps to 0 in 64 bits, as length 0 would match
+       [](Manifest& m) {
+         m.tensors[0].shape = {int64_t{1} << 32, int64_t{1} << 32};
+         m.tensors[0].length = 0;
+       },
+       "'tensors[0].shape'", "too many elements"},
       {"PastTheObject", [](Manifest& m) { m.tensors[0].offset = m.objects[0].size - 8; },
        "'tensors[0].length'", "outside"},
       {"LengthNotShape", [](Manifest& m) { m.tensors[0].length += 4; }, "'tensors[0].length'",
@@ -373,6 +379,11 @@ TEST(ManifestRoundTripTest, CheckedSerializationRefusesExactlyWhatReadersReject)
        "'tensors[1].name'", "appears twice"},
       {"MetadataNotUtf8", [](Manifest& m) { m.metadata["bin"] = "\xff"; }, "'metadata.bin'",
        "UTF-8"},
+      // Written, "\xff" and "\xfe" would both become U+FFFD: one name twice.
+      {"TensorNameNotUtf8", [](Manifest& m) { m.tensors[1].name = "fc.\xfe"; }, "'tensors[1].name'",
+       "not valid UTF-8"},
+      {"DeviceNotUtf8", [](Manifest& m) { m.tensors[0].device = "cuda:\xff"; },
+       "'tensors[0].device'", "not valid UTF-8"},
       {"MetadataKeyTooLong",
        [](Manifest& m) { m.metadata[std::string(kMaxMetadataKeyBytes + 1, 'k')] = "v"; },
        "'metadata.kkk", "1-256 bytes"},
@@ -385,8 +396,8 @@ TEST(ManifestRoundTripTest, CheckedSerializationRefusesExactlyWhatReadersReject)
     ASSERT_FALSE(refused.ok());
     EXPECT_TRUE(IsError(refused.status(), kDL, {kWhere, c.field, c.what}));
     // Written unchecked, the same manifest is rejected on reading with the
-    // same message (MetadataNotUtf8 cannot be written: it would be replaced).
-    if (c.name == "MetadataNotUtf8") continue;
+    // same message (invalid UTF-8 cannot be written: it would be replaced).
+    if (c.name.find("NotUtf8") != std::string::npos) continue;
     auto read = ParseManifest(SerializeManifest(m), kWhere);
     ASSERT_FALSE(read.ok());
     EXPECT_EQ(read.status().ToString(), refused.status().ToString());

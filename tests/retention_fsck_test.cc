@@ -134,6 +134,27 @@ TEST_F(RetentionFsckTest, FsckFindsEveryKindOfDamageAndRepairFixesIt) {
   CKPTIO_EXPECT_OK(r->Verify());
 }
 
+// A manifest that cannot even be read whole (over the 64 MiB limit) is one
+// corrupt step: listing, fsck and repair carry on with the others.
+TEST_F(RetentionFsckTest, AnUnreadableManifestIsOneCorruptStepNotAFailedListing) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    for (int64_t step : {1, 2}) ASSERT_TRUE(Save(*w, step).ok());
+  }
+  ASSERT_EQ(::truncate(StepPath(2, "MANIFEST.json").c_str(), (64 << 20) + 1), 0);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListSteps());
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].state, StepState::kCommitted);
+  EXPECT_EQ(steps[1].state, StepState::kCorrupt) << steps[1].problem;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check());
+  EXPECT_EQ(report.good_steps, (std::vector<int64_t>{1}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+  EXPECT_TRUE(repaired.clean());
+  EXPECT_EQ(repaired.good_steps, (std::vector<int64_t>{1}));
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{1}));
+}
+
 TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepRemovesLatest) {
   {
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));

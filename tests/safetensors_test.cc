@@ -90,6 +90,11 @@ TEST(Safetensors, RefusesEveryMalformedHeaderPrecisely) {
       {"three offsets", with("data_offsets", {0, 4, 8}), "two non-negative"},
       {"length mismatch", with("shape", {3}), "needs 12"},
       {"giant shape", with("shape", {1ull << 40, 1ull << 40}), "larger than the file"},
+      // After a 0 the product stays 0, but no size may pass as a negative int64.
+      {"size past int64 after a zero", with("shape", {0ull, 18446744073709551615ull}),
+       "not a tensor size"},
+      {"product wraps around", with("shape", {1ull << 32, 1ull << 32, 0ull}),
+       "larger than the file"},
       {"hole", One({{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {4, 8}}}, "12345678"),
        "a hole"},
       {"trailing bytes", One({{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {0, 4}}}, "12345"),

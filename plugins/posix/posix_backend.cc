@@ -591,8 +591,12 @@ class PosixBackend : public StorageBackend {
     }
     ::rewinddir(d);
     std::vector<std::string> subdirs;
-    errno = 0;
-    while (struct dirent* e = ::readdir(d)) {
+    while (true) {
+      // Reset before every call: readdir leaves errno alone at the end, and
+      // a skipped entry below (ENOENT) must not read as a listing error.
+      errno = 0;
+      struct dirent* e = ::readdir(d);
+      if (e == nullptr) break;
       std::string name = e->d_name;
       if (name == "." || name == ".." || !ValidateKey(name).ok()) continue;
       struct stat st;

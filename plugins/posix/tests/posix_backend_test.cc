@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "conformance.h"
@@ -69,6 +72,35 @@ TEST(PosixBackend, NfsSillyRenamedFilesAreNotObjects) {
   EXPECT_EQ(*keys, std::vector<std::string>{"step-1/a"});
   EXPECT_EQ(b->NewObject("step-1/.nfs1", WriteMode::kReplace).status().code(),
             Code::kInvalidArgument);
+}
+
+// Files come and go while others list (every commit drops a temp name,
+// retention deletes steps). An entry that vanishes between readdir and its
+// stat is skipped; it must not turn the whole listing into an error (a
+// NotFound there reads as "no store", so a loader would start from scratch).
+TEST(PosixBackend, ListingWhileFilesComeAndGoNeverFails) {
+  TempDir dir;
+  auto b = Open(dir.path());
+  ASSERT_TRUE(Put(*b, "step-1/keep", "x").ok());
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    const std::string path = dir.Sub("step-1/churn");
+    while (!stop) {
+      testing::WriteFile(path, "y");
+      ::unlink(path.c_str());
+    }
+  });
+  int failures = 0, listings = 0;
+  std::string first_failure;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(700);
+  while (std::chrono::steady_clock::now() < until) {
+    auto keys = b->List("");
+    ++listings;
+    if (!keys.ok() && failures++ == 0) first_failure = keys.status().ToString();
+  }
+  stop = true;
+  churn.join();
+  EXPECT_EQ(failures, 0) << "of " << listings << " listings; first: " << first_failure;
 }
 
 TEST(PosixBackend, PlantedDirectorySymlinkIsNeverFollowed) {
