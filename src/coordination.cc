@@ -33,17 +33,30 @@ bool Coordinator::Backoff::Wait() {
   return true;
 }
 
+std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  if (timeout.count() <= 0) return now;
+  if (timeout >=
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
+    return Clock::time_point::max();
+  return now + timeout;
+}
+
+Status Coordinator::SaveTimedOut(int64_t step, std::chrono::milliseconds timeout) const {
+  return Status(Code::kDeadlineExceeded,
+                "timed out after " + std::to_string(timeout.count()) +
+                    " ms waiting for rank 0 to commit step " + std::to_string(step) +
+                    " (wait mode " + std::string(WaitModeName(mode())) +
+                    "); check that rank 0 is alive and saving, or raise the timeout");
+}
+
 Status Coordinator::WaitSaved(int64_t step, std::chrono::milliseconds timeout) {
-  Backoff backoff(std::chrono::steady_clock::now() + timeout);
+  Backoff backoff(DeadlineAfter(timeout));
   while (true) {
     CKPTIO_ASSIGN_OR_RETURN(bool done, PollSaved(step));
     if (done) return OkStatus();
-    if (!backoff.Wait())
-      return Status(Code::kDeadlineExceeded,
-                    "timed out after " + std::to_string(timeout.count()) +
-                        " ms waiting for rank 0 to commit step " + std::to_string(step) +
-                        " (wait mode " + std::string(WaitModeName(mode())) +
-                        "); check that rank 0 is alive and saving, or raise the timeout");
+    if (!backoff.Wait()) return SaveTimedOut(step, timeout);
   }
 }
 
@@ -68,7 +81,7 @@ class FileCoordinator : public Coordinator {
   Status BeginSave(int64_t step, std::chrono::milliseconds timeout) override {
     if (mode_ == WaitMode::kFileLock) {
       // Waiters hold the shared lock only for an instant; keep trying.
-      Backoff backoff(std::chrono::steady_clock::now() + timeout);
+      Backoff backoff(DeadlineAfter(timeout));
       while (true) {
         auto lock = backend_->TryLock(kSaveLockKey, LockMode::kExclusive);
         if (lock.ok()) {
@@ -79,7 +92,9 @@ class FileCoordinator : public Coordinator {
           return lock.status().WithContext("taking the save lock for step " + std::to_string(step));
       }
     }
-    return WriteRecord(step, "saving", OkStatus());
+    Status recorded = WriteRecord(step, "saving", OkStatus());
+    if (!recorded.ok()) save_lock_.reset();  // no save follows: the next one must get the lock
+    return recorded;
   }
 
   Status EndSave(int64_t step, const Status& outcome) override {
@@ -128,7 +143,7 @@ class FileCoordinator : public Coordinator {
 
   Result<std::string> WaitFor(const std::string& name, std::chrono::milliseconds timeout) override {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
-    Backoff backoff(std::chrono::steady_clock::now() + timeout);
+    Backoff backoff(DeadlineAfter(timeout));
     while (true) {
       auto record = ReadRecord(DecisionKey(name), kDecisionFormat);
       if (record.ok() && record->at("job") == job_ && record->count("payload"))

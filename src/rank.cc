@@ -26,9 +26,11 @@ struct Scheme {
 
 constexpr Scheme kSchemes[] = {
     {"torchrun", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"},
-    {"slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"},
+    // Before Slurm: mpirun inside an allocation starts every rank with the
+    // batch step's SLURM_PROCID (0), and only Open MPI's variables differ.
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"},
 };
 
 std::string JobId(const std::function<const char*(const char*)>& get, const char* source) {
@@ -41,8 +43,12 @@ std::string JobId(const std::function<const char*(const char*)>& get, const char
   if (s == "torchrun") {
     if (!val("TORCHELASTIC_RUN_ID").empty() && val("TORCHELASTIC_RUN_ID") != "none")
       return "torchrun:" + val("TORCHELASTIC_RUN_ID") + ":" + val("TORCHELASTIC_RESTART_COUNT");
+    // Static rendezvous (run id "none"): the master, and the restart count,
+    // which tells torchrun's restarts of the same launch apart.
     if (!val("MASTER_PORT").empty())
-      return "master:" + val("MASTER_ADDR") + ":" + val("MASTER_PORT");
+      return "master:" + val("MASTER_ADDR") + ":" + val("MASTER_PORT") +
+             (val("TORCHELASTIC_RESTART_COUNT").empty() ? ""
+                                                        : ":" + val("TORCHELASTIC_RESTART_COUNT"));
   } else if (s == "slurm") {
     if (!val("SLURM_JOB_ID").empty())
       return "slurm:" + val("SLURM_JOB_ID") + "." + val("SLURM_STEP_ID") + ":" +
@@ -76,8 +82,10 @@ Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>
     int values[4] = {ParseCount(get(sc.rank)), ParseCount(get(sc.local_rank)),
                      ParseCount(get(sc.world_size)), ParseCount(get(sc.local_world_size))};
     const char* all[] = {sc.rank, sc.local_rank, sc.world_size, sc.local_world_size};
-    // Slurm's SLURM_NTASKS_PER_NODE can read "4(x2)": then it is unknown.
-    if (values[3] == -2 && std::string(sc.source) == "slurm") values[3] = -1;
+    // Slurm's SLURM_NTASKS_PER_NODE can read "4(x2)", or be the allocation's,
+    // inherited by a smaller srun step: then it is unknown.
+    if (std::string(sc.source) == "slurm" && (values[3] == -2 || values[3] > values[2]))
+      values[3] = -1;
     for (int i = 0; i < 4; ++i) {
       if (values[i] == -2)
         return Status(Code::kInvalidArgument, std::string(all[i]) + "=\"" + get(all[i]) +

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -840,6 +841,41 @@ INSTANTIATE_TEST_SUITE_P(Modes, CoordinationTest,
                          });
 
 // ---------------------------------------------------------------- f. setup errors
+
+// A deadline far away ("wait for ever") saturates instead of overflowing
+// into the past, which made such waits fail at once.
+TEST(DeadlineAfterTest, SaturatesInsteadOfOverflowing) {
+  EXPECT_EQ(DeadlineAfter(milliseconds::max()), Clock::time_point::max());
+  const auto now = Clock::now();
+  EXPECT_GT(DeadlineAfter(std::chrono::hours(24 * 365 * 100)), now);
+  const auto soon = DeadlineAfter(milliseconds(500));
+  EXPECT_GE(soon, now + milliseconds(500));
+  EXPECT_LT(soon, now + milliseconds(5000));
+  const auto past = DeadlineAfter(milliseconds(-5));
+  EXPECT_LE(past, Clock::now());
+}
+
+// Rank 0 takes the save lock, then cannot write its save record: BeginSave
+// fails and must let the lock go, or every later save of this process waits
+// for a lock it holds itself.
+TEST(FileCoordinatorTest, ABeginSaveThatFailsReleasesTheSaveLock) {
+  TempDir tmp;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(tmp.Sub("store")));
+  std::shared_ptr<StorageBackend> shared(std::move(backend));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord,
+                              NewFileCoordinator(shared, MakeRank(0, "j"), WaitMode::kFileLock));
+  // .coord as a file: the record under it cannot be written.
+  const std::string in_the_way = tmp.Sub("store") + "/.coord";
+  ::mkdir(tmp.Sub("store").c_str(), 0755);
+  ASSERT_TRUE(std::ofstream(in_the_way) << "in the way");
+  Status failed = coord->BeginSave(1, milliseconds(2000));
+  ASSERT_FALSE(failed.ok()) << "the save record was written under a file";
+  ASSERT_EQ(::unlink(in_the_way.c_str()), 0);
+  const auto t0 = Clock::now();
+  CKPTIO_EXPECT_OK(coord->BeginSave(1, milliseconds(2000)));
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << "the failed BeginSave kept the lock";
+  CKPTIO_EXPECT_OK(coord->EndSave(1, OkStatus()));
+}
 
 TEST(NewFileCoordinatorTest, RefusesBadSetups) {
   TempDir tmp;

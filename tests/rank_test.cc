@@ -106,10 +106,17 @@ TEST(RankFromEnvTest, TorchrunMasterAddrPortFallback) {
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r, FromEnv(env));
   EXPECT_EQ(r.job_id, "master:10.0.0.7:29500");
 
-  // torchrun's default run id "none" is no id: fall back to the master.
+  // torchrun's default run id "none" is no id: fall back to the master, and
+  // the restart count, so that torchrun's restarts of a job differ.
   env["TORCHELASTIC_RUN_ID"] = "none";
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r2, FromEnv(env));
   EXPECT_EQ(r2.job_id, "master:10.0.0.7:29500");
+  env["TORCHELASTIC_RESTART_COUNT"] = "0";
+  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo first, FromEnv(env));
+  env["TORCHELASTIC_RESTART_COUNT"] = "1";
+  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo restarted, FromEnv(env));
+  EXPECT_EQ(first.job_id, "master:10.0.0.7:29500:0");
+  EXPECT_NE(restarted.job_id, first.job_id);
 
   // A real run id wins over the master address.
   env["TORCHELASTIC_RUN_ID"] = "xyz";
@@ -190,6 +197,11 @@ TEST(RankFromEnvTest, SlurmTasksPerNodeListIsTolerated) {
 
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo het, FromEnv(Slurm("4", "0", "6", "4,2")));
   EXPECT_EQ(het.local_world_size, 6);
+
+  // An srun step of 2 tasks in an allocation of 4 per node: the allocation's
+  // SLURM_NTASKS_PER_NODE is inherited, and is no bound on this step.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo step, FromEnv(Slurm("1", "1", "2", "4")));
+  EXPECT_EQ(step.local_world_size, 2);
 
   Env no_per_node = Slurm("1", "1", "2", "");
   no_per_node.erase("SLURM_NTASKS_PER_NODE");
@@ -290,7 +302,7 @@ TEST(RankFromEnvTest, ContradictionsAreRejected) {
 
 // ---------------------------------------------------------------- precedence
 
-TEST(RankFromEnvTest, TorchrunWinsOverSlurmAndOpenMpi) {
+TEST(RankFromEnvTest, TorchrunWinsOverOpenMpiWhichWinsOverSlurm) {
   // torchrun launched inside a Slurm allocation: both sets are present.
   Env env = Merge(Merge(Torchrun("3", "1", "4", "2"),
                         {{"TORCHELASTIC_RUN_ID", "t"}, {"TORCHELASTIC_RESTART_COUNT", "0"}}),
@@ -306,13 +318,18 @@ TEST(RankFromEnvTest, TorchrunWinsOverSlurmAndOpenMpi) {
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo all, FromEnv(Merge(env, OpenMpi("1", "0", "2", "1"))));
   EXPECT_EQ(all.source, "torchrun");
 
-  Env slurm_mpi = Merge(Merge(Slurm("2", "0", "4", "2"), {{"SLURM_JOB_ID", "9"}}),
-                        Merge(OpenMpi("1", "1", "3", "3"), {{"OMPI_MCA_ess_base_jobid", "1"}}));
-  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo s, FromEnv(slurm_mpi));
-  EXPECT_EQ(s.source, "slurm");
-  EXPECT_EQ(s.rank, 2);
-  EXPECT_EQ(s.world_size, 4);
-  EXPECT_EQ(s.job_id.rfind("slurm:9", 0), 0u) << s.job_id;
+  // mpirun inside a Slurm allocation: every rank inherits the batch step's
+  // SLURM_PROCID 0; only Open MPI's variables tell the ranks apart.
+  for (const char* ompi_rank : {"1", "3"}) {
+    Env slurm_mpi =
+        Merge(Merge(Slurm("0", "0", "1", "1"), {{"SLURM_JOB_ID", "9"}}),
+              Merge(OpenMpi(ompi_rank, ompi_rank, "4", "4"), {{"OMPI_MCA_ess_base_jobid", "1"}}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo s, FromEnv(slurm_mpi));
+    EXPECT_EQ(s.source, "openmpi");
+    EXPECT_EQ(s.rank, std::stoi(ompi_rank));
+    EXPECT_EQ(s.world_size, 4);
+    EXPECT_EQ(s.job_id, "openmpi:1");
+  }
 }
 
 // ---------------------------------------------------------------- Validate, ToString

@@ -146,17 +146,17 @@ class StorageBackend {
   // holder has it; a process holds at most one lock per key, so a second
   // TryLock of the same key in this process is FailedPrecondition whatever
   // the modes. Unimplemented if the backend cannot lock.
-  // Whether anyone (another process, or this one) holds a lock named `key`,
-  // without taking it. Unimplemented if the backend cannot tell.
-  virtual Result<bool> IsLocked(std::string_view key) {
-    (void)key;
-    return Status(Code::kUnimplemented, Uri() + ": this backend does not support locks");
-  }
-
   virtual Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key,
                                                        LockMode mode = LockMode::kExclusive) {
     (void)key;
     (void)mode;
+    return Status(Code::kUnimplemented, Uri() + ": this backend does not support locks");
+  }
+
+  // Whether anyone (another process, or this one) holds a lock named `key`,
+  // without taking it. Unimplemented if the backend cannot tell.
+  virtual Result<bool> IsLocked(std::string_view key) {
+    (void)key;
     return Status(Code::kUnimplemented, Uri() + ": this backend does not support locks");
   }
 };

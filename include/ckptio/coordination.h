@@ -43,6 +43,10 @@ namespace ckptio {
 enum class WaitMode { kManifest, kFileLock, kStore };
 std::string_view WaitModeName(WaitMode mode);  // "manifest", "file-lock", "c10d-store"
 
+// now + timeout, saturating: milliseconds::max() waits for ever instead of
+// overflowing into the past.
+std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout);
+
 class Coordinator {
  public:
   virtual ~Coordinator() = default;
@@ -59,6 +63,8 @@ class Coordinator {
   // Other ranks: PollSaved until true, an error, or the deadline
   // (DeadlineExceeded naming the step, the mode and rank 0).
   virtual Status WaitSaved(int64_t step, std::chrono::milliseconds timeout);
+  // WaitSaved's DeadlineExceeded: names the step, the mode and rank 0.
+  Status SaveTimedOut(int64_t step, std::chrono::milliseconds timeout) const;
 
   // Rank 0 publishes `payload` under `name`; the others wait for it.
   virtual Status Publish(const std::string& name, const std::string& payload) = 0;

@@ -15,17 +15,19 @@ struct RankInfo {
   int world_size = 1;
   int local_world_size = 1;
   // Shared by every rank of one launch and different for the next launch
-  // (torchrun's TORCHELASTIC_RUN_ID, MASTER_ADDR:MASTER_PORT, Slurm's job,
+  // (torchrun's TORCHELASTIC_RUN_ID and restart count, or with a static
+  // rendezvous MASTER_ADDR:MASTER_PORT and restart count, Slurm's job,
   // step and restart count, Open MPI's job id, or CKPTIO_JOB_ID). File-based
   // coordination scopes its records with it; empty when unknown.
   std::string job_id;
   std::string source;  // "torchrun", "slurm", "openmpi", "explicit", "single"
 
   // Reads, in order of precedence, torchrun's RANK/LOCAL_RANK/WORLD_SIZE/
-  // LOCAL_WORLD_SIZE, Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS
-  // (SLURM_NTASKS_PER_NODE), or Open MPI's OMPI_COMM_WORLD_RANK/
+  // LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_RANK/
   // OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_SIZE/
-  // OMPI_COMM_WORLD_LOCAL_SIZE. No variables at all: a single process
+  // OMPI_COMM_WORLD_LOCAL_SIZE (mpirun inside a Slurm allocation), or
+  // Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS
+  // (SLURM_NTASKS_PER_NODE). No variables at all: a single process
   // (rank 0 of 1). A partial set, a non-number, or values that contradict
   // each other: InvalidArgument naming the variables.
   static Result<RankInfo> FromEnv();

@@ -177,11 +177,13 @@ class Checkpointer {
   Status Save(int64_t step, const State& state);
 
   // Rank 0: Save. Other ranks: return at once; Poll() / Wait() later.
-  // InvalidArgument with stripe on (use SaveAsync).
+  // InvalidArgument with stripe on (use SaveAsync). The options' timeout
+  // counts from this call: past it, Poll and Wait return DeadlineExceeded.
   class Ticket {
    public:
     int64_t step() const { return step_; }
-    // true once committed; an error if the save failed.
+    // true once committed, false while pending; an error if the save
+    // failed or the deadline passed.
     Result<bool> Poll();
     Status Wait();
 
@@ -189,6 +191,7 @@ class Checkpointer {
     friend class Checkpointer;
     Checkpointer* owner_ = nullptr;
     int64_t step_ = 0;
+    std::chrono::steady_clock::time_point deadline_;
     Status done_;  // rank 0's result, or set once resolved
     bool resolved_ = false;
   };

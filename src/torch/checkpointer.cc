@@ -690,7 +690,7 @@ Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
     // received are deleted with it), and a retry starts clean.
     Status first = WritePlan(**pending, plan);
     std::set<std::string> expected = plan.stripes;
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    const auto deadline = DeadlineAfter(options_.timeout);
     for (int r = 1; r < rank_.world_size; ++r) {
       const std::string whose = "rank " + std::to_string(r) + "'s stripe";
       Status s = [&]() -> Status {
@@ -731,27 +731,27 @@ Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
 }
 
 Result<bool> Checkpointer::Ticket::Poll() {
-  if (resolved_) {
-    if (!done_.ok()) return done_;
-    return true;
-  }
-  auto r = owner_->coordinator_->PollSaved(step_);
-  if (!r.ok() || !*r) {
-    if (!r.ok()) {
-      resolved_ = true;
-      done_ = r.status();
+  if (!resolved_) {
+    auto r = owner_->coordinator_->PollSaved(step_);
+    if (r.ok() && !*r) {
+      if (std::chrono::steady_clock::now() < deadline_) return false;
+      r = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
     }
-    return r;
+    resolved_ = true;
+    done_ = r.ok() ? owner_->ConfirmCommitted(step_) : r.status();
   }
-  resolved_ = true;
-  done_ = owner_->ConfirmCommitted(step_);
   if (!done_.ok()) return done_;
   return true;
 }
 
 Status Checkpointer::Ticket::Wait() {
   if (!resolved_) {
-    Status s = owner_->coordinator_->WaitSaved(step_, owner_->options_.timeout);
+    const auto left = std::max(std::chrono::milliseconds(1),  // 0 is "no timeout" to c10d
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline_ - std::chrono::steady_clock::now()));
+    Status s = owner_->coordinator_->WaitSaved(step_, left);
+    if (s.code() == Code::kDeadlineExceeded)
+      s = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
     if (s.ok()) s = owner_->ConfirmCommitted(step_);
     resolved_ = true;
     done_ = s;
@@ -768,6 +768,7 @@ Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const S
   Ticket t;
   t.owner_ = this;
   t.step_ = step;
+  t.deadline_ = DeadlineAfter(options_.timeout);
   if (rank_.rank == 0) {
     t.done_ = Save(step, state);
     t.resolved_ = true;

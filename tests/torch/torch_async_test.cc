@@ -11,6 +11,7 @@
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
 #include "ckptio/torch.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -260,6 +261,39 @@ TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   CKPTIO_EXPECT_OK(waiting.get());
 }
 
+// Every wait has a deadline, a non-blocking save's ticket too: with rank 0
+// never saving, Poll turns from false to DeadlineExceeded once the timeout
+// since SaveNonBlocking passed, naming the step, the mode and rank 0.
+TEST_F(AsyncSaveTest, ANonBlockingTicketEndsAtTheDeadline) {
+  RankInfo r1;
+  r1.world_size = r1.local_world_size = 2;
+  r1.rank = r1.local_rank = 1;
+  r1.job_id = "ticket-deadline-test";
+  CheckpointerOptions o;
+  o.timeout = 300ms;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto c1, Checkpointer::Open(dir_.Sub("store"), r1, o));
+  Net net;
+  State state{{"model", net}};
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto ticket, c1->SaveNonBlocking(7, state));
+  auto first = ticket.Poll();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(*first) << "committed without rank 0";
+  std::this_thread::sleep_for(400ms);
+  auto late = ticket.Poll();
+  ASSERT_FALSE(late.ok()) << "Poll still pending after the deadline";
+  EXPECT_EQ(late.status().code(), Code::kDeadlineExceeded) << late.status();
+  for (const char* word : {"step 7", "manifest", "rank 0"})
+    EXPECT_NE(late.status().message().find(word), std::string::npos) << late.status();
+  EXPECT_EQ(ticket.Wait().code(), Code::kDeadlineExceeded);
+
+  // Wait on a fresh ticket gives up at the same deadline, not a new one.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, c1->SaveNonBlocking(8, state));
+  std::this_thread::sleep_for(200ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(other.Wait().code(), Code::kDeadlineExceeded);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 250ms);
+}
+
 TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   // Both ranks stage their part and return; their background threads stripe
   // and commit; a change made right after the calls is not in the step.
@@ -332,8 +366,7 @@ TEST_F(AsyncSaveTest, AStripedSaveWhosePartFailsLeavesNothingAndARetryWorks) {
 }
 
 TEST_F(AsyncSaveTest, CudaTensorsAreStagedThroughPinnedMemory) {
-  if (!torch::cuda::is_available())
-    GTEST_SKIP() << "no CUDA device on this machine: tools/gpu-check.sh runs this on a GPU machine";
+  CKPTIO_REQUIRE_CUDA();
   Net net;
   net.to(torch::Device("cuda:0"));
   State state{{"model", net}};
