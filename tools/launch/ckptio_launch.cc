@@ -1,5 +1,6 @@
 // ckptio-launch: starts N local ranks of a program with the torchrun
-// environment, forwards signals, and reports how each rank ended.
+// environment, forwards signals to each rank's process group, ends the
+// ranks when it dies itself, and reports how each rank ended.
 //
 //   ckptio-launch -n 4 -- ckptio-ddp-demo --store ./demo-store
 //
@@ -10,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +28,8 @@
 namespace {
 
 volatile sig_atomic_t g_forward = 0;
+// Forwarded to every rank's process group.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
 void OnSignal(int sig) { g_forward = sig; }
 
@@ -87,17 +91,44 @@ int Run(int argc, char** argv) {
   }
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  for (int sig : kForwarded) ::sigaction(sig, &sa, nullptr);
 
+  // Each rank leads a process group of its own, so that a signal reaches
+  // everything it started (a shell wrapper's program too) and a terminal's
+  // Ctrl-C reaches it once, through the launcher.
   std::vector<pid_t> pids(n, -1);
+  auto signal_all = [&](int sig) {
+    for (pid_t p : pids)
+      if (p > 0) ::kill(-p, sig);
+  };
+  const pid_t launcher = ::getpid();
+  sigset_t forwarded, before;
+  ::sigemptyset(&forwarded);
+  for (int sig : kForwarded) ::sigaddset(&forwarded, sig);
   for (int rank = 0; rank < n; ++rank) {
+    // Blocked across fork: a signal now is forwarded once the rank exists,
+    // instead of running the handler in a child that is about to exec.
+    ::sigprocmask(SIG_BLOCK, &forwarded, &before);
     pid_t pid = ::fork();
     if (pid < 0) {
-      std::perror("ckptio-launch: fork");
+      const int err = errno;
+      ::sigprocmask(SIG_SETMASK, &before, nullptr);
+      std::cerr << "ckptio-launch: cannot start rank " << rank << ": fork: " << std::strerror(err)
+                << "; stopping the ranks already started\n";
+      signal_all(SIGTERM);
+      for (pid_t p : pids)
+        if (p > 0) ::waitpid(p, nullptr, 0);
       return 1;
     }
     if (pid == 0) {
+      ::setpgid(0, 0);
+      // Gone with the launcher, even if it is SIGKILLed.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(128 + SIGTERM);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (int sig : kForwarded) ::sigaction(sig, &dfl, nullptr);
+      ::sigprocmask(SIG_SETMASK, &before, nullptr);
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -113,7 +144,9 @@ int Run(int argc, char** argv) {
                 << "\n";
       ::_exit(127);
     }
+    ::setpgid(pid, pid);  // also here: no race with the child's own call
     pids[rank] = pid;
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
   }
   std::cerr << "ckptio-launch: started " << n << " rank(s) of " << command[0] << " (MASTER_PORT "
             << master_port << ", job " << job_id << ")\n";
@@ -124,8 +157,7 @@ int Run(int argc, char** argv) {
   bool termed = false;
   while (remaining > 0) {
     if (g_forward) {
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, g_forward);
+      signal_all(g_forward);
       g_forward = 0;
     }
     int status = 0;
@@ -135,7 +167,8 @@ int Run(int argc, char** argv) {
         if (pids[rank] != done) continue;
         pids[rank] = -1;
         --remaining;
-        std::cerr << ("ckptio-launch: rank " + std::to_string(rank) + " " + Describe(status) + "\n");
+        std::cerr << ("ckptio-launch: rank " + std::to_string(rank) + " " + Describe(status) +
+                      "\n");
         if (ExitCode(status) != 0 && first_failure == 0) {
           first_failure = ExitCode(status);
           failed_at = std::chrono::steady_clock::now();
@@ -145,8 +178,7 @@ int Run(int argc, char** argv) {
     }
     auto now = std::chrono::steady_clock::now();
     if (first_failure && now - failed_at > std::chrono::duration<double>(grace)) {
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, termed ? SIGKILL : SIGTERM);
+      signal_all(termed ? SIGKILL : SIGTERM);
       if (!termed)
         std::cerr << "ckptio-launch: a rank failed " << grace << " s ago; stopping the rest\n";
       termed = true;
