@@ -95,6 +95,14 @@ Status SyncFd(PosixFs& fs, int fd, const std::string& path) {
   return OkStatus();
 }
 
+// Whether `a` and `b` in directory `dirfd` name the same file.
+bool SameFile(int dirfd, const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::fstatat(dirfd, a.c_str(), &sa, AT_SYMLINK_NOFOLLOW) == 0 &&
+         ::fstatat(dirfd, b.c_str(), &sb, AT_SYMLINK_NOFOLLOW) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 // Splits "a/b/c" into {"a","b"} and "c".
 void SplitKey(std::string_view key, std::vector<std::string>* dirs, std::string* base) {
   size_t start = 0;
@@ -662,10 +670,12 @@ Status PosixWriter::Commit() {
   } else {
     if (fs().LinkAt(dir_.get(), tmp_.c_str(), name_.c_str()) != 0) {
       int err = errno;
-      if (err == EEXIST)
+      // On NFS a link whose reply was lost is retransmitted and answered
+      // EEXIST although it succeeded: then the name is our own file.
+      if (err == EEXIST && !SameFile(dir_.get(), tmp_, name_))
         return fail(
             Status(Code::kAlreadyExists, target + " already exists and is never overwritten"));
-      return fail(ErrnoToStatus(err, "link " + tmp_path + " to " + target));
+      if (err != EEXIST) return fail(ErrnoToStatus(err, "link " + tmp_path + " to " + target));
     }
     fs().UnlinkAt(dir_.get(), tmp_.c_str(), 0);  // a leftover is removed as stale
     tmp_.clear();

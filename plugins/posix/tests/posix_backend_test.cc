@@ -103,6 +103,36 @@ TEST(PosixBackend, ListingWhileFilesComeAndGoNeverFails) {
   EXPECT_EQ(failures, 0) << "of " << listings << " listings; first: " << first_failure;
 }
 
+// An NFS client retransmits a link() whose reply was lost; the server then
+// answers EEXIST although the first link landed. The name is our own file:
+// the exclusive create succeeded. Another file under the name is still
+// AlreadyExists.
+TEST(PosixBackend, AnExclusiveCreateWhoseLinkReplyWasLostSucceeds) {
+  struct LostReply : PosixFs {
+    int LinkAt(int dirfd, const char* from, const char* to) override {
+      if (PosixFs::LinkAt(dirfd, from, to) != 0) return -1;
+      errno = EEXIST;  // the retransmission's answer
+      return -1;
+    }
+  };
+  TempDir dir;
+  PosixBackendOptions o;
+  o.fs = std::make_shared<LostReply>();
+  auto b = Open(dir.path(), std::move(o));
+  auto w = b->NewObject("step-1/MANIFEST.json", WriteMode::kCreateExclusive);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append("m", 1).ok());
+  ckptio::Status committed = (*w)->Commit();
+  EXPECT_TRUE(committed.ok()) << committed;
+  auto keys = b->List("");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_EQ(*keys, std::vector<std::string>{"step-1/MANIFEST.json"}) << "no temp left either";
+  auto again = b->NewObject("step-1/MANIFEST.json", WriteMode::kCreateExclusive);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*again)->Append("n", 1).ok());
+  EXPECT_EQ((*again)->Commit().code(), Code::kAlreadyExists);
+}
+
 TEST(PosixBackend, PlantedDirectorySymlinkIsNeverFollowed) {
   TempDir dir;
   TempDir outside;
