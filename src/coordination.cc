@@ -51,10 +51,11 @@ Status Coordinator::SaveTimedOut(int64_t step, std::chrono::milliseconds timeout
                     "); check that rank 0 is alive and saving, or raise the timeout");
 }
 
-Status Coordinator::WaitSaved(int64_t step, std::chrono::milliseconds timeout) {
+Status Coordinator::WaitSaved(int64_t step, std::string_view attempt,
+                              std::chrono::milliseconds timeout) {
   Backoff backoff(DeadlineAfter(timeout));
   while (true) {
-    CKPTIO_ASSIGN_OR_RETURN(bool done, PollSaved(step));
+    CKPTIO_ASSIGN_OR_RETURN(bool done, PollSaved(step, attempt));
     if (done) return OkStatus();
     if (!backoff.Wait()) return SaveTimedOut(step, timeout);
   }
@@ -78,7 +79,8 @@ class FileCoordinator : public Coordinator {
 
   WaitMode mode() const override { return mode_; }
 
-  Status BeginSave(int64_t step, std::chrono::milliseconds timeout) override {
+  Status BeginSave(int64_t step, std::string_view attempt,
+                   std::chrono::milliseconds timeout) override {
     if (mode_ == WaitMode::kFileLock) {
       // Waiters hold the shared lock only for an instant; keep trying.
       Backoff backoff(DeadlineAfter(timeout));
@@ -92,44 +94,47 @@ class FileCoordinator : public Coordinator {
           return lock.status().WithContext("taking the save lock for step " + std::to_string(step));
       }
     }
-    Status recorded = WriteRecord(step, "saving", OkStatus());
+    Status recorded = WriteRecord(step, attempt, "saving", OkStatus());
     if (!recorded.ok()) save_lock_.reset();  // no save follows: the next one must get the lock
     return recorded;
   }
 
-  Status EndSave(int64_t step, const Status& outcome) override {
-    Status s = WriteRecord(step, outcome.ok() ? "committed" : "failed", outcome);
+  Status EndSave(int64_t step, std::string_view attempt, const Status& outcome) override {
+    Status s = WriteRecord(step, attempt, outcome.ok() ? "committed" : "failed", outcome);
     save_lock_.reset();  // after the record: a waiter that gets the lock sees the outcome
     return s;
   }
 
-  Result<bool> PollSaved(int64_t step) override {
-    CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step));
+  Result<bool> PollSaved(int64_t step, std::string_view attempt) override {
+    CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt));
     if (committed) return true;
     auto record = ReadRecord(kSaveRecordKey, kSaveFormat);
-    if (record.ok() && Mine(*record, step) && record->at("state") == "failed")
+    if (record.ok() && Mine(*record, step, attempt) && record->at("state") == "failed")
       return Failure(*record, step);
     if (mode_ != WaitMode::kFileLock) return false;
     auto lock = backend_->TryLock(kSaveLockKey, LockMode::kShared);
     if (!lock.ok()) {
-      if (lock.status().code() == Code::kFailedPrecondition) return false;  // rank 0 is saving
-      return lock.status();
+      if (lock.status().code() != Code::kFailedPrecondition) return lock.status();
+      saw_held_ = std::string(attempt);  // rank 0 is saving
+      return false;
     }
     // We hold the shared lock, so rank 0 is not inside a save: it has not
     // started this one, has finished it, or died. Decide before releasing
     // the lock, or rank 0 could start the save and look dead.
-    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step));
+    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt));
     if (committed) return true;
     record = ReadRecord(kSaveRecordKey, kSaveFormat);
     lock->reset();
-    if (record.ok() && Mine(*record, step) && record->at("state") == "saving")
+    if (!record.ok() || !Mine(*record, step, attempt)) return false;
+    // A job id that a later launch may repeat: the record could be an
+    // earlier launch's, unless this wait saw rank 0 hold the lock.
+    if (record->at("state") == "saving" && (!rank_.job_id_reused || saw_held_ == attempt))
       return Status(Code::kAborted,
                     "writer died before committing step " + std::to_string(step) + ": rank 0 (" +
                         record->at("host") + ", pid " + record->at("pid") +
                         ") released the save lock without committing; the newest committed "
                         "checkpoint is intact: restart the job to resume from it");
-    if (record.ok() && Mine(*record, step) && record->at("state") == "failed")
-      return Failure(*record, step);
+    if (record->at("state") == "failed") return Failure(*record, step);
     return false;
   }
 
@@ -175,15 +180,18 @@ class FileCoordinator : public Coordinator {
                             (msg == r.end() ? "(no message)" : msg->second));
   }
 
-  bool Mine(const std::map<std::string, std::string>& r, int64_t step) const {
-    auto job = r.find("job"), s = r.find("step"), st = r.find("state");
+  bool Mine(const std::map<std::string, std::string>& r, int64_t step,
+            std::string_view attempt) const {
+    auto job = r.find("job"), s = r.find("step"), a = r.find("attempt"), st = r.find("state");
     return job != r.end() && job->second == job_ && s != r.end() &&
-           s->second == std::to_string(step) && st != r.end();
+           s->second == std::to_string(step) && a != r.end() && a->second == attempt &&
+           st != r.end();
   }
 
   // Committed means: LATEST (opened and read) is at or past `step`, and the
-  // step's own manifest opens.
-  Result<bool> IsCommitted(int64_t step) {
+  // step's own manifest opens and names `attempt` (a step saved before, or
+  // by another try, is not this save's commit).
+  Result<bool> IsCommitted(int64_t step, std::string_view attempt) {
     auto latest = store_.ReadLatest();
     if (!latest.ok()) {
       // A LATEST being replaced is never torn (atomic rename); a damaged one
@@ -194,7 +202,11 @@ class FileCoordinator : public Coordinator {
     }
     if (!latest->has_value() || (*latest)->step < step) return false;
     auto reader = store_.OpenStep(step);
-    if (reader.ok()) return true;
+    if (reader.ok()) {
+      const auto& meta = (*reader)->manifest().metadata;
+      auto it = meta.find(kSaveAttemptKey);
+      return it != meta.end() && it->second == attempt;
+    }
     if (reader.status().code() == Code::kNotFound) return false;
     return reader.status();
   }
@@ -205,11 +217,13 @@ class FileCoordinator : public Coordinator {
     return ParseRecord(bytes, format, backend_->Uri() + "/" + std::string(key));
   }
 
-  Status WriteRecord(int64_t step, const std::string& state, const Status& outcome) {
+  Status WriteRecord(int64_t step, std::string_view attempt, const std::string& state,
+                     const Status& outcome) {
     return WriteSmall(
         *backend_, kSaveRecordKey,
         SerializeRecord(kSaveFormat, {{"job", job_},
                                       {"step", std::to_string(step)},
+                                      {"attempt", std::string(attempt)},
                                       {"state", state},
                                       {"host", HostName()},
                                       {"pid", std::to_string(::getpid())},
@@ -224,6 +238,7 @@ class FileCoordinator : public Coordinator {
   std::string job_;  // hash of the job id: records of other launches never match
   WaitMode mode_;
   std::unique_ptr<BackendLock> save_lock_;
+  std::string saw_held_;  // the attempt during whose wait rank 0 was seen holding the lock
 };
 
 }  // namespace

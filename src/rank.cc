@@ -97,6 +97,7 @@ Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>
     // Unknown: any local rank below world_size is possible.
     r.local_world_size = values[3] >= 0 ? values[3] : r.world_size;
     r.job_id = JobId(get, sc.source);
+    r.job_id_reused = r.job_id.rfind("master:", 0) == 0;
     CKPTIO_RETURN_IF_ERROR(
         r.Validate().WithContext(std::string("from the ") + sc.source + " environment"));
     return r;

@@ -155,11 +155,14 @@ Status VerifyStep(Store& store, int64_t step) {
   return OkStatus();
 }
 
+// The attempt each test save is known by (the Checkpointer counts its saves).
+std::string AttemptOf(int64_t step) { return "test.s" + std::to_string(step); }
+
 // Rank 0's part of one save: BeginSave, stream data.bin in pieces, a small
 // second object, Commit, EndSave. *commit_start_ns is set just before
 // Commit() is called: no waiter may return before it.
 Status SaveStep(StoreWriter& writer, Coordinator& coord, int64_t step, int64_t* commit_start_ns) {
-  CKPTIO_RETURN_IF_ERROR(coord.BeginSave(step, milliseconds(5000)));
+  CKPTIO_RETURN_IF_ERROR(coord.BeginSave(step, AttemptOf(step), milliseconds(5000)));
   Status outcome = [&]() -> Status {
     CKPTIO_ASSIGN_OR_RETURN(auto pending, writer.Begin(step));
     const std::string data = StepData(step);
@@ -175,12 +178,13 @@ Status SaveStep(StoreWriter& writer, Coordinator& coord, int64_t step, int64_t* 
     }
     const std::string meta = "step " + std::to_string(step);
     CKPTIO_RETURN_IF_ERROR(pending->PutObject("meta.txt", meta.data(), meta.size()));
+    CKPTIO_RETURN_IF_ERROR(pending->SetMetadata(kSaveAttemptKey, AttemptOf(step)));
     if (commit_start_ns) *commit_start_ns = NowNs();
     CKPTIO_ASSIGN_OR_RETURN(auto info, pending->Commit());
     if (info.step != step) return Status(Code::kInternal, "committed the wrong step");
     return OkStatus();
   }();
-  Status ended = coord.EndSave(step, outcome);
+  Status ended = coord.EndSave(step, AttemptOf(step), outcome);
   return outcome.ok() ? ended : outcome;
 }
 
@@ -199,7 +203,7 @@ void LeaveStaleSaveRecord(const std::string& path, WaitMode mode, int64_t step) 
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(path));
   std::shared_ptr<StorageBackend> shared(std::move(backend));
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord, NewFileCoordinator(shared, MakeRank(0, "old-job"), mode));
-  CKPTIO_ASSERT_OK(coord->BeginSave(step, milliseconds(2000)));
+  CKPTIO_ASSERT_OK(coord->BeginSave(step, AttemptOf(step), milliseconds(2000)));
   coord.reset();
   struct stat st;
   ASSERT_EQ(::stat((path + "/.coord/save").c_str(), &st), 0) << "no stale record was written";
@@ -269,14 +273,14 @@ TEST_P(CoordinationTest, WaitersNeverSeeAStepBeforeItIsCommitted) {
         int64_t pending_polls = 0;
         if (rank == kPoller) {
           // Rank 0 has not been told to save this step yet: it is pending.
-          auto first = ctx.coord->PollSaved(step);
+          auto first = ctx.coord->PollSaved(step, AttemptOf(step));
           if (!first.ok()) return Fail(rank, kExitWaitError, at + first.status().ToString());
           if (*first) return Fail(rank, kExitPollEarly, at + "committed before rank 0 saved it");
           ++pending_polls;
           WriteLine(out, "ready " + std::to_string(step));
           const auto deadline = Clock::now() + milliseconds(10000);
           while (true) {
-            auto polled = ctx.coord->PollSaved(step);
+            auto polled = ctx.coord->PollSaved(step, AttemptOf(step));
             if (!polled.ok()) return Fail(rank, kExitWaitError, at + polled.status().ToString());
             if (*polled) break;
             ++pending_polls;
@@ -286,7 +290,7 @@ TEST_P(CoordinationTest, WaitersNeverSeeAStepBeforeItIsCommitted) {
           }
         } else {
           WriteLine(out, "ready " + std::to_string(step));
-          s = ctx.coord->WaitSaved(step, milliseconds(10000));
+          s = ctx.coord->WaitSaved(step, AttemptOf(step), milliseconds(10000));
           if (!s.ok()) return Fail(rank, kExitWaitError, at + s.ToString());
         }
         const int64_t ret_ns = NowNs();
@@ -394,7 +398,7 @@ TEST_P(CoordinationTest, RankZeroFailureReachesEveryWaiterPromptly) {
     WriteLine(out, "ready");
     if (ReadLine(to0.read_fd(), milliseconds(10000)) != std::optional<std::string>("go"))
       return Fail(0, kExitPipe, "no go");
-    s = ctx.coord->BeginSave(kStep, milliseconds(5000));
+    s = ctx.coord->BeginSave(kStep, AttemptOf(kStep), milliseconds(5000));
     if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
     {
       auto pending = (*writer)->Begin(kStep);
@@ -406,7 +410,7 @@ TEST_P(CoordinationTest, RankZeroFailureReachesEveryWaiterPromptly) {
       // "The disk filled up": abandon the checkpoint, report the failure.
     }
     const int64_t fail_ns = NowNs();
-    s = ctx.coord->EndSave(kStep, Status(Code::kResourceExhausted, "disk full"));
+    s = ctx.coord->EndSave(kStep, AttemptOf(kStep), Status(Code::kResourceExhausted, "disk full"));
     if (!s.ok()) return Fail(0, kExitSaveFailed, "EndSave: " + s.ToString());
     WriteLine(out, "failed " + std::to_string(fail_ns));
     return kExitOk;
@@ -424,7 +428,7 @@ TEST_P(CoordinationTest, RankZeroFailureReachesEveryWaiterPromptly) {
       Status s = OpenRank(path_, rank, job_, mode(), &ctx);
       if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
       WriteLine(out, "waiting");
-      s = ctx.coord->WaitSaved(kStep, kDeadline);
+      s = ctx.coord->WaitSaved(kStep, AttemptOf(kStep), kDeadline);
       const int64_t ret_ns = NowNs();
       WriteLine(out, FormatWait(s, ret_ns));
       if (s.ok()) return Fail(rank, kExitWrongOutcome, "WaitSaved succeeded for a failed save");
@@ -491,7 +495,7 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
     if (!writer.ok()) return Fail(0, kExitSetup, writer.status().ToString());
     s = SaveStep(**writer, *ctx.coord, kPrev, nullptr);
     if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
-    s = ctx.coord->BeginSave(kStep, milliseconds(5000));
+    s = ctx.coord->BeginSave(kStep, AttemptOf(kStep), milliseconds(5000));
     if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
     auto pending = (*writer)->Begin(kStep);
     if (!pending.ok()) return Fail(0, kExitSaveFailed, pending.status().ToString());
@@ -519,7 +523,7 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
       s = VerifyStep(*ctx.store, kPrev);
       if (!s.ok()) return Fail(rank, kExitPrevStepBad, "before the wait: " + s.ToString());
       WriteLine(out, "waiting " + std::to_string(NowNs()));
-      s = ctx.coord->WaitSaved(kStep, kWaitTimeout);
+      s = ctx.coord->WaitSaved(kStep, AttemptOf(kStep), kWaitTimeout);
       const int64_t ret_ns = NowNs();
       WriteLine(out, FormatWait(s, ret_ns));
       if (s.ok()) return Fail(rank, kExitWrongOutcome, "WaitSaved succeeded for a dead save");
@@ -596,7 +600,7 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
       Status s = OpenRank(path_, rank, job2, mode(), &ctx);
       if (!s.ok()) return Fail(rank, kExitSetup, s.ToString());
       WriteLine(out, "waiting");
-      s = ctx.coord->WaitSaved(kStep, milliseconds(10000));
+      s = ctx.coord->WaitSaved(kStep, AttemptOf(kStep), milliseconds(10000));
       WriteLine(out, FormatWait(s, NowNs()));
       if (!s.ok()) return Fail(rank, kExitWaitError, "after the relaunch: " + s.ToString());
       s = VerifyStep(*ctx.store, kStep);
@@ -707,7 +711,7 @@ TEST_P(CoordinationTest, WaitersArrivingBeforeTheSaveWaitForTheCommit) {
         if (rank == kPoller) {
           const auto deadline = Clock::now() + milliseconds(10000);
           while (true) {
-            auto polled = ctx.coord->PollSaved(step);
+            auto polled = ctx.coord->PollSaved(step, AttemptOf(step));
             if (!polled.ok()) {
               s = polled.status();
               break;
@@ -723,7 +727,7 @@ TEST_P(CoordinationTest, WaitersArrivingBeforeTheSaveWaitForTheCommit) {
             std::this_thread::sleep_for(milliseconds(1));
           }
         } else {
-          s = ctx.coord->WaitSaved(step, milliseconds(10000));
+          s = ctx.coord->WaitSaved(step, AttemptOf(step), milliseconds(10000));
         }
         const int64_t ret_ns = NowNs();
         Status verified = s.ok() ? VerifyStep(*ctx.store, step) : OkStatus();
@@ -833,6 +837,49 @@ TEST_P(CoordinationTest, PublishAndWaitForIgnoreOtherJobs) {
       mode_name().c_str(), kWorld - 1);
 }
 
+// Every rank returns what rank 0 returns, also when the step's name was
+// used before: a retry after a failed try is not answered by the failure,
+// and a step already in the store is not this save's commit. Rank 0 and a
+// waiter in this process, each with its own backend.
+TEST_P(CoordinationTest, AnAttemptIsAnsweredOnlyByItsOwnOutcome) {
+  RankCtx r0, r1;
+  CKPTIO_ASSERT_OK(OpenRank(path_, 0, job_, mode(), &r0));
+  CKPTIO_ASSERT_OK(OpenRank(path_, 1, job_, mode(), &r1));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto writer, r0.store->OpenWriter(RankZeroWriterOptions()));
+  auto commit = [&](int64_t step, const std::string& attempt) -> Status {
+    CKPTIO_RETURN_IF_ERROR(r0.coord->BeginSave(step, attempt, milliseconds(2000)));
+    Status outcome = [&]() -> Status {
+      CKPTIO_ASSIGN_OR_RETURN(auto pending, writer->Begin(step));
+      CKPTIO_RETURN_IF_ERROR(pending->PutObject("data.bin", "x", 1));
+      CKPTIO_RETURN_IF_ERROR(pending->SetMetadata(kSaveAttemptKey, attempt));
+      return pending->Commit().status();
+    }();
+    CKPTIO_RETURN_IF_ERROR(r0.coord->EndSave(step, attempt, outcome));
+    return outcome;
+  };
+
+  // Step 5, first try: rank 0 fails. The retry's waiter does not take that
+  // failure for its own; it sees the retry's commit.
+  CKPTIO_ASSERT_OK(r0.coord->BeginSave(5, "job.c1.1", milliseconds(2000)));
+  CKPTIO_ASSERT_OK(r0.coord->EndSave(5, "job.c1.1", Status(Code::kResourceExhausted, "full")));
+  EXPECT_EQ(r1.coord->PollSaved(5, "job.c1.1").status().code(), Code::kResourceExhausted);
+  auto before = r1.coord->PollSaved(5, "job.c1.2");
+  ASSERT_TRUE(before.ok()) << "the retry was answered by the failed try: " << before.status();
+  EXPECT_FALSE(*before);
+  CKPTIO_ASSERT_OK(commit(5, "job.c1.2"));
+  CKPTIO_EXPECT_OK(r1.coord->WaitSaved(5, "job.c1.2", milliseconds(2000)));
+
+  // Step 5 again: it is in the store, but not this attempt's commit; rank
+  // 0's refusal reaches the waiter.
+  auto again = r1.coord->PollSaved(5, "job.c1.3");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(*again) << "a step saved earlier was taken for this save's commit";
+  Status refused = commit(5, "job.c1.3");
+  EXPECT_EQ(refused.code(), Code::kAlreadyExists) << refused;
+  Status waited = r1.coord->WaitSaved(5, "job.c1.3", milliseconds(2000));
+  EXPECT_EQ(waited.code(), refused.code()) << waited;
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, CoordinationTest,
                          ::testing::Values(WaitMode::kManifest, WaitMode::kFileLock),
                          [](const ::testing::TestParamInfo<WaitMode>& param_info) {
@@ -855,6 +902,42 @@ TEST(DeadlineAfterTest, SaturatesInsteadOfOverflowing) {
   EXPECT_LE(past, Clock::now());
 }
 
+// torchrun's static rendezvous gives a relaunch the job id of the launch
+// before it. A "saving" record that launch's dead rank 0 left (same job, step
+// and attempt) must not make a waiter of the relaunch, arriving before its
+// rank 0 takes the lock, report a death; with a unique job id it is a death.
+TEST(FileCoordinatorTest, AReusedJobIdNeedsTheLockSeenHeldToReportADeath) {
+  TempDir tmp;
+  for (bool reused : {true, false}) {
+    SCOPED_TRACE(reused ? "job id reused" : "job id unique");
+    const std::string path = tmp.Sub(reused ? "reused" : "unique");
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(path));
+    std::shared_ptr<StorageBackend> shared(std::move(backend));
+    RankInfo r0 = MakeRank(0, "master:10.0.0.7:29500"), r1 = MakeRank(1, r0.job_id);
+    r0.job_id_reused = r1.job_id_reused = reused;
+    {  // the earlier launch's rank 0 dies mid-save (its lock goes with it)
+      CKPTIO_ASSERT_OK_AND_ASSIGN(auto dead, NewFileCoordinator(shared, r0, WaitMode::kFileLock));
+      CKPTIO_ASSERT_OK(dead->BeginSave(3, "j.c1.1", milliseconds(2000)));
+    }
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto waiter, NewFileCoordinator(shared, r1, WaitMode::kFileLock));
+    auto polled = waiter->PollSaved(3, "j.c1.1");
+    if (reused) {
+      ASSERT_TRUE(polled.ok()) << "an earlier launch's record read as a death: " << polled.status();
+      EXPECT_FALSE(*polled);
+    } else {
+      EXPECT_EQ(polled.status().code(), Code::kAborted) << polled.status();
+    }
+    // This launch's rank 0, seen holding the lock, then dead: a death either way.
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto live, NewFileCoordinator(shared, r0, WaitMode::kFileLock));
+    CKPTIO_ASSERT_OK(live->BeginSave(4, "j.c1.2", milliseconds(2000)));
+    auto saving = waiter->PollSaved(4, "j.c1.2");
+    ASSERT_TRUE(saving.ok()) << saving.status();
+    EXPECT_FALSE(*saving);
+    live.reset();
+    EXPECT_EQ(waiter->PollSaved(4, "j.c1.2").status().code(), Code::kAborted);
+  }
+}
+
 // Rank 0 takes the save lock, then cannot write its save record: BeginSave
 // fails and must let the lock go, or every later save of this process waits
 // for a lock it holds itself.
@@ -868,13 +951,13 @@ TEST(FileCoordinatorTest, ABeginSaveThatFailsReleasesTheSaveLock) {
   const std::string in_the_way = tmp.Sub("store") + "/.coord";
   ::mkdir(tmp.Sub("store").c_str(), 0755);
   ASSERT_TRUE(std::ofstream(in_the_way) << "in the way");
-  Status failed = coord->BeginSave(1, milliseconds(2000));
+  Status failed = coord->BeginSave(1, AttemptOf(1), milliseconds(2000));
   ASSERT_FALSE(failed.ok()) << "the save record was written under a file";
   ASSERT_EQ(::unlink(in_the_way.c_str()), 0);
   const auto t0 = Clock::now();
-  CKPTIO_EXPECT_OK(coord->BeginSave(1, milliseconds(2000)));
+  CKPTIO_EXPECT_OK(coord->BeginSave(1, AttemptOf(1), milliseconds(2000)));
   EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << "the failed BeginSave kept the lock";
-  CKPTIO_EXPECT_OK(coord->EndSave(1, OkStatus()));
+  CKPTIO_EXPECT_OK(coord->EndSave(1, AttemptOf(1), OkStatus()));
 }
 
 TEST(NewFileCoordinatorTest, RefusesBadSetups) {

@@ -117,12 +117,14 @@ TEST(RankFromEnvTest, TorchrunMasterAddrPortFallback) {
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo restarted, FromEnv(env));
   EXPECT_EQ(first.job_id, "master:10.0.0.7:29500:0");
   EXPECT_NE(restarted.job_id, first.job_id);
+  EXPECT_TRUE(first.job_id_reused) << "a relaunch on the same master gets the same id";
 
   // A real run id wins over the master address.
   env["TORCHELASTIC_RUN_ID"] = "xyz";
   env["TORCHELASTIC_RESTART_COUNT"] = "0";
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r3, FromEnv(env));
   EXPECT_EQ(r3.job_id, "torchrun:xyz:0");
+  EXPECT_FALSE(r3.job_id_reused);
 }
 
 TEST(RankFromEnvTest, TorchrunWithoutAnyJobIdHasEmptyJobId) {

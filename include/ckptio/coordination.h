@@ -1,13 +1,21 @@
 // Coordination: how the ranks of a job learn that rank 0 committed a step,
 // and agree on decisions (which step to load).
 //
-// Rank 0 calls BeginSave(step), writes and commits the checkpoint, then
-// EndSave(step, outcome). Every other rank calls WaitSaved(step) (or polls
-// PollSaved) and returns only once the step is committed, with rank 0's error
-// if its save failed, or with an error when rank 0 died or the deadline
-// passed. No rank ever sees a step before it is committed: "committed" is
-// read from the store itself (LATEST, then the step's manifest), never from
-// a signal alone.
+// Rank 0 calls BeginSave(step, attempt), writes and commits the checkpoint
+// with the attempt in its manifest (metadata kSaveAttemptKey), then
+// EndSave(step, attempt, outcome). Every other rank calls WaitSaved(step,
+// attempt) (or polls PollSaved) and returns only once the step is committed
+// by this attempt, with rank 0's error if its save failed, or with an error
+// when rank 0 died or the deadline passed. No rank ever sees a step before
+// it is committed: "committed" is read from the store itself (LATEST, then
+// the step's manifest, which must name the attempt), never from a signal
+// alone.
+//
+// The attempt names one save of the job, the same on every rank without
+// talking (the Checkpointer counts its saves; see ckptio/torch.h): an
+// earlier failed try of the same step, or a step already in the store, is
+// never taken for this save's outcome, so every rank returns what rank 0
+// returns.
 //
 // Modes:
 //   kManifest  waiters poll LATEST by opening and reading it (never stat or
@@ -15,13 +23,15 @@
 //   kFileLock  rank 0 holds an exclusive fcntl lock on <store>/.save-lock for
 //              the whole save; waiters poll a shared lock on it. If they get
 //              the shared lock while rank 0's save record (written under the
-//              exclusive lock, scoped by the job id) names the step as in
-//              progress, rank 0 died: they fail at once ("writer died before
-//              committing step N"), not at the deadline. A waiter arriving
-//              before rank 0 took the lock finds no such record and waits.
-//              If rank 0 dies after taking the lock but before its record
-//              is durable (a few ms), waiters cannot tell that from "not
-//              started yet" and end at the deadline instead.
+//              exclusive lock) names this attempt as in progress, rank 0
+//              died: they fail at once ("writer died before committing step
+//              N"), not at the deadline. A waiter arriving before rank 0 took
+//              the lock finds no such record and waits. If rank 0 dies after
+//              taking the lock but before its record is durable (a few ms),
+//              waiters cannot tell that from "not started yet" and end at the
+//              deadline instead. With a job id that can repeat across
+//              launches (RankInfo::job_id_reused), a record only proves a
+//              death to a waiter that saw the lock held during its wait.
 //   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so
@@ -43,6 +53,10 @@ namespace ckptio {
 enum class WaitMode { kManifest, kFileLock, kStore };
 std::string_view WaitModeName(WaitMode mode);  // "manifest", "file-lock", "c10d-store"
 
+// The manifest metadata entry in which rank 0 records the save attempt that
+// committed the step (written when the job has several ranks).
+inline constexpr char kSaveAttemptKey[] = "ckptio.save_attempt";
+
 // now + timeout, saturating: milliseconds::max() waits for ever instead of
 // overflowing into the past.
 std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout);
@@ -52,17 +66,20 @@ class Coordinator {
   virtual ~Coordinator() = default;
   virtual WaitMode mode() const = 0;
 
+  // `attempt`: the save's name, the same on every rank ([A-Za-z0-9._-]).
   // Rank 0, before writing `step`.
-  virtual Status BeginSave(int64_t step, std::chrono::milliseconds timeout) = 0;
+  virtual Status BeginSave(int64_t step, std::string_view attempt,
+                           std::chrono::milliseconds timeout) = 0;
   // Rank 0, after: publishes the outcome (OK means committed).
-  virtual Status EndSave(int64_t step, const Status& outcome) = 0;
+  virtual Status EndSave(int64_t step, std::string_view attempt, const Status& outcome) = 0;
 
-  // Other ranks, once: true when `step` is committed, false while it is
-  // pending; rank 0's failure or death is returned as an error.
-  virtual Result<bool> PollSaved(int64_t step) = 0;
+  // Other ranks, once: true when `step` is committed by `attempt`, false
+  // while it is pending; rank 0's failure or death is returned as an error.
+  virtual Result<bool> PollSaved(int64_t step, std::string_view attempt) = 0;
   // Other ranks: PollSaved until true, an error, or the deadline
   // (DeadlineExceeded naming the step, the mode and rank 0).
-  virtual Status WaitSaved(int64_t step, std::chrono::milliseconds timeout);
+  virtual Status WaitSaved(int64_t step, std::string_view attempt,
+                           std::chrono::milliseconds timeout);
   // WaitSaved's DeadlineExceeded: names the step, the mode and rank 0.
   Status SaveTimedOut(int64_t step, std::chrono::milliseconds timeout) const;
 

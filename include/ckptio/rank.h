@@ -20,6 +20,11 @@ struct RankInfo {
   // step and restart count, Open MPI's job id, or CKPTIO_JOB_ID). File-based
   // coordination scopes its records with it; empty when unknown.
   std::string job_id;
+  // True when job_id may repeat in a later launch (torchrun's static
+  // rendezvous: its master address and port), so that records left by an
+  // earlier launch could carry it. Set CKPTIO_JOB_ID (or a torchrun run id)
+  // to make it unique.
+  bool job_id_reused = false;
   std::string source;  // "torchrun", "slurm", "openmpi", "explicit", "single"
 
   // Reads, in order of precedence, torchrun's RANK/LOCAL_RANK/WORLD_SIZE/

@@ -146,6 +146,9 @@ struct CheckpointerOptions {
   // SaveAsync keeps this much host memory at most for staged tensor copies
   // (kept between saves; pinned when CUDA tensors are saved). A state
   // whose tensors need more is saved synchronously instead, with a warning.
+  // Pinned memory comes from LibTorch's caching host allocator, which rounds
+  // a block up to a power of two and keeps a replaced block cached: pinned
+  // staging can take up to twice this, more if the state grows between saves.
   uint64_t max_staging_bytes = uint64_t{4} << 30;
 };
 
@@ -164,6 +167,9 @@ struct LoadResult {
 class Checkpointer {
  public:
   // Rank 0 takes the store's writer lock for the Checkpointer's lifetime.
+  // Like collectives, Checkpointers of a store are opened in the same order
+  // on every rank, and every rank makes the same save and load calls: that
+  // is how the ranks name each save and load alike without talking.
   static Result<std::unique_ptr<Checkpointer>> Open(std::string_view uri, const RankInfo& rank,
                                                     CheckpointerOptions options = {});
   ~Checkpointer();
@@ -191,6 +197,7 @@ class Checkpointer {
     friend class Checkpointer;
     Checkpointer* owner_ = nullptr;
     int64_t step_ = 0;
+    std::string attempt_;
     std::chrono::steady_clock::time_point deadline_;
     Status done_;  // rank 0's result, or set once resolved
     bool resolved_ = false;
@@ -219,8 +226,11 @@ class Checkpointer {
   Status ConfirmCommitted(int64_t step);
   // Waits for an in-flight SaveAsync; its error, the first time only.
   Status FinishAsync();
-  Status SaveNow(int64_t step, const internal::SavePlan& plan);
-  Status SaveStripe(int64_t step, const internal::SavePlan& plan);
+  // The next save's attempt (see ckptio/coordination.h): scope_ and the
+  // number of save calls so far, the same on every rank.
+  std::string NextAttempt();
+  Status SaveNow(int64_t step, const std::string& attempt, const internal::SavePlan& plan);
+  Status SaveStripe(int64_t step, const std::string& attempt, const internal::SavePlan& plan);
   // What this rank writes of `state`: everything on rank 0 of a plain save,
   // its part of a striped one, nothing otherwise.
   internal::SavePlan PlanFor(const State& state) const;
@@ -232,8 +242,12 @@ class Checkpointer {
   std::unique_ptr<Store> store_;
   std::unique_ptr<StoreWriter> writer_;  // rank 0 only
   std::unique_ptr<Coordinator> coordinator_;
+  // Names this Checkpointer's saves and load decisions in the job: a hash
+  // of the job id and how many Checkpointers this rank opened on the store
+  // before (every rank opens its Checkpointers in the same order).
+  std::string scope_;
   uint64_t load_seq_ = 0;
-  uint64_t save_seq_ = 0;                       // names the records of striped saves
+  uint64_t save_seq_ = 0;
   std::unique_ptr<internal::AsyncSave> async_;  // last: joined first
 };
 

@@ -15,39 +15,42 @@ class C10dCoordinator : public Coordinator {
 
   WaitMode mode() const override { return WaitMode::kStore; }
 
-  Status BeginSave(int64_t, std::chrono::milliseconds) override { return OkStatus(); }
+  Status BeginSave(int64_t, std::string_view, std::chrono::milliseconds) override {
+    return OkStatus();
+  }
 
   // "ok", or "failed:<code>:<message>".
-  Status EndSave(int64_t step, const Status& outcome) override {
+  Status EndSave(int64_t step, std::string_view attempt, const Status& outcome) override {
     std::string value = outcome.ok()
                             ? "ok"
                             : "failed:" + std::to_string(static_cast<int>(outcome.code())) + ":" +
                                   outcome.message();
     return Call("publishing step " + std::to_string(step), [&] {
-      store_->set(SaveKey(step), Bytes(value));
+      store_->set(SaveKey(step, attempt), Bytes(value));
       return OkStatus();
     });
   }
 
-  Result<bool> PollSaved(int64_t step) override {
+  Result<bool> PollSaved(int64_t step, std::string_view attempt) override {
     bool present = false;
     CKPTIO_RETURN_IF_ERROR(Call("checking step " + std::to_string(step), [&] {
-      present = store_->check({SaveKey(step)});
+      present = store_->check({SaveKey(step, attempt)});
       return OkStatus();
     }));
     if (!present) return false;
-    CKPTIO_RETURN_IF_ERROR(Outcome(step));
+    CKPTIO_RETURN_IF_ERROR(Outcome(step, attempt));
     return true;
   }
 
-  Status WaitSaved(int64_t step, std::chrono::milliseconds timeout) override {
+  Status WaitSaved(int64_t step, std::string_view attempt,
+                   std::chrono::milliseconds timeout) override {
     Status waited = Call("waiting for step " + std::to_string(step), [&] {
-      store_->wait({SaveKey(step)}, timeout);
+      store_->wait({SaveKey(step, attempt)}, timeout);
       return OkStatus();
     });
     if (!waited.ok())
       return WaitError(waited, timeout, "rank 0 to commit step " + std::to_string(step));
-    return Outcome(step);
+    return Outcome(step, attempt);
   }
 
   Status Publish(const std::string& name, const std::string& payload) override {
@@ -83,13 +86,17 @@ class C10dCoordinator : public Coordinator {
                       " (did rank 0, or the agent serving the store, die?): " + m);
   }
 
-  static std::string SaveKey(int64_t step) { return "ckptio/save/" + std::to_string(step); }
+  // The attempt names the job, the Checkpointer and the save: a store that
+  // outlives a restart, or serves several Checkpointers, never mixes them.
+  static std::string SaveKey(int64_t step, std::string_view attempt) {
+    return "ckptio/save/" + std::to_string(step) + "/" + std::string(attempt);
+  }
   static std::string DecisionKey(const std::string& name) { return "ckptio/decision/" + name; }
 
-  Status Outcome(int64_t step) {
+  Status Outcome(int64_t step, std::string_view attempt) {
     std::string value;
     CKPTIO_RETURN_IF_ERROR(Call("reading step " + std::to_string(step), [&] {
-      value = Text(store_->get(SaveKey(step)));
+      value = Text(store_->get(SaveKey(step, attempt)));
       return OkStatus();
     }));
     if (value == "ok") return OkStatus();

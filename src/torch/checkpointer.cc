@@ -4,11 +4,14 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
 #include "ckptio/backends.h"
+#include "ckptio/hash.h"
 #include "ckptio/safetensors.h"
 #include "ckptio/torch.h"
 #include "copy.h"
@@ -227,7 +230,12 @@ Status WritePlan(PendingCheckpoint& pending, const SavePlan& plan) {
 // Everything a load will apply, prepared without touching the caller's state.
 struct Staged {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;  // (target, loaded)
-  std::vector<std::pair<torch::optim::Optimizer*, std::shared_ptr<ObjectView>>> optimizers;
+  struct Optimizer {
+    torch::optim::Optimizer* target;
+    std::shared_ptr<ObjectView> bytes;
+    std::string saved_device;  // of its parameters when saved ("" if unrecorded)
+  };
+  std::vector<Optimizer> optimizers;
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> tensors;
   std::map<std::string, std::string> metadata;
 };
@@ -360,7 +368,8 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
       case StateItem::Kind::kOptimizer: {
         if (kind.rfind("optimizer", 0) != 0) return Status(Code::kInvalidArgument, missing);
         CKPTIO_ASSIGN_OR_RETURN(auto bytes, opened.View(OptimizerObject(name)));
-        staged.optimizers.emplace_back(&item.optimizer(), std::move(bytes));
+        const std::string device = kind.size() > 10 ? kind.substr(10) : "";  // "optimizer:<d>"
+        staged.optimizers.push_back({&item.optimizer(), std::move(bytes), device});
         break;
       }
       case StateItem::Kind::kTensor: {
@@ -397,8 +406,10 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
 // nothing else was touched.
 Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInfo& rank) {
   std::vector<std::pair<torch::optim::Optimizer*, std::string>> backups;
-  for (auto& [opt, bytes] : staged.optimizers) {
-    Status s = Guard("loading an optimizer", [&, opt = opt, &bytes = bytes] {
+  for (auto& staged_opt : staged.optimizers) {
+    torch::optim::Optimizer* opt = staged_opt.target;
+    const std::shared_ptr<ObjectView>& bytes = staged_opt.bytes;
+    Status s = Guard("loading an optimizer", [&] {
       std::ostringstream backup;
       {
         torch::serialize::OutputArchive out;
@@ -406,7 +417,10 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
         out.save_to(backup);
       }
       backups.emplace_back(opt, backup.str());
-      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(DeviceOf(*opt), rank));
+      // The mapping sees the device recorded at save time, as for tensors.
+      const std::string saved =
+          staged_opt.saved_device.empty() ? DeviceOf(*opt) : staged_opt.saved_device;
+      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(saved, rank));
       torch::serialize::InputArchive in;
       in.load_from(bytes->data(), static_cast<size_t>(bytes->size()), device);
       opt->load(in);
@@ -452,6 +466,22 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
 
 // ------------------------------------------------------------- Checkpointer
 
+namespace {
+
+// "<16 hex of the job id's hash>.c<n>": the n-th Checkpointer this rank
+// opened on the store in this process. Two Checkpointers of one job (model
+// and EMA, or one per phase) never read each other's records or keys.
+std::string ScopeFor(const std::string& uri, const RankInfo& rank) {
+  static std::mutex mu;
+  static auto* opened = new std::map<std::string, uint64_t>;  // never destroyed
+  const std::string job = HashBytes(rank.job_id).Hex().substr(0, 16);
+  std::lock_guard<std::mutex> lock(mu);
+  const uint64_t n = ++(*opened)[uri + '\0' + std::to_string(rank.rank) + '\0' + job];
+  return job + ".c" + std::to_string(n);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, const RankInfo& rank,
                                                          CheckpointerOptions options) {
   CKPTIO_RETURN_IF_ERROR(rank.Validate());
@@ -464,6 +494,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
     shared = std::move(backend);
   }
   c->store_ = std::make_unique<Store>(shared);
+  c->scope_ = ScopeFor(shared->Uri(), rank);
   if (c->options_.wait == WaitMode::kStore) {
     if (!c->options_.c10d_store)
       return Status(Code::kInvalidArgument,
@@ -518,9 +549,12 @@ Status Checkpointer::ConfirmCommitted(int64_t step) {
                                      " committed, but it does not open here");
 }
 
+std::string Checkpointer::NextAttempt() { return scope_ + "." + std::to_string(++save_seq_); }
+
 Status Checkpointer::Save(int64_t step, const State& state) {
+  const std::string attempt = NextAttempt();  // first: every rank counts every call
   CKPTIO_RETURN_IF_ERROR(FinishAsync());
-  return SaveNow(step, PlanFor(state));
+  return SaveNow(step, attempt, PlanFor(state));
 }
 
 SavePlan Checkpointer::PlanFor(const State& state) const {
@@ -530,6 +564,7 @@ SavePlan Checkpointer::PlanFor(const State& state) const {
 }
 
 std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
+  const std::string attempt = NextAttempt();  // first: every rank counts every call
   std::promise<Status> promise;
   std::future<Status> future = promise.get_future();
   Status previous = FinishAsync();
@@ -566,7 +601,7 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
                   << "): saving synchronously; raise CheckpointerOptions::max_staging_bytes to "
                      "save in the background\n";
       as.warned = true;
-      return done_now(SaveNow(step, plan));
+      return done_now(SaveNow(step, attempt, plan));
     }
     Status staged = Guard("staging the state of step " + std::to_string(step), [&]() -> Status {
       const bool pinned = cuda && torch::cuda::is_available();
@@ -606,9 +641,9 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     });
     if (!staged.ok()) return done_now(staged);
   }
-  as.worker =
-      std::thread([this, step, plan = std::move(plan), promise = std::move(promise)]() mutable {
-        Status s = SaveNow(step, plan);
+  as.worker = std::thread(
+      [this, step, attempt, plan = std::move(plan), promise = std::move(promise)]() mutable {
+        Status s = SaveNow(step, attempt, plan);
         async_->result = s;
         async_->unreported = !s.ok();
         promise.set_value(std::move(s));
@@ -616,27 +651,30 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
   return future;
 }
 
-Status Checkpointer::SaveNow(int64_t step, const SavePlan& plan) {
-  if (options_.stripe && rank_.world_size > 1) return SaveStripe(step, plan);
+Status Checkpointer::SaveNow(int64_t step, const std::string& attempt, const SavePlan& plan) {
+  if (options_.stripe && rank_.world_size > 1) return SaveStripe(step, attempt, plan);
   const std::string what = rank_.ToString() + ": save of step " + std::to_string(step);
   if (rank_.rank != 0) {
-    CKPTIO_RETURN_IF_ERROR(coordinator_->WaitSaved(step, options_.timeout).WithContext(what));
+    CKPTIO_RETURN_IF_ERROR(
+        coordinator_->WaitSaved(step, attempt, options_.timeout).WithContext(what));
     return ConfirmCommitted(step).WithContext(what);
   }
   // A job of one rank has nobody to tell.
   const bool coordinate = rank_.world_size > 1;
   if (coordinate)
-    CKPTIO_RETURN_IF_ERROR(coordinator_->BeginSave(step, options_.timeout).WithContext(what));
+    CKPTIO_RETURN_IF_ERROR(
+        coordinator_->BeginSave(step, attempt, options_.timeout).WithContext(what));
   Status outcome = [&]() -> Status {
     CKPTIO_ASSIGN_OR_RETURN(auto pending, writer_->Begin(step));
     CKPTIO_RETURN_IF_ERROR(WritePlan(*pending, plan));
+    if (coordinate) CKPTIO_RETURN_IF_ERROR(pending->SetMetadata(kSaveAttemptKey, attempt));
     auto info = pending->Commit();
     if (!info.ok()) return info.status();
     if (!info->retention.ok())
       std::cerr << "ckptio: warning: " << info->retention << "\n";  // the save stands
     return OkStatus();
   }();
-  Status published = coordinate ? coordinator_->EndSave(step, outcome) : OkStatus();
+  Status published = coordinate ? coordinator_->EndSave(step, attempt, outcome) : OkStatus();
   CKPTIO_RETURN_IF_ERROR(outcome.WithContext(what));
   return published.WithContext(what + " committed, but telling the other ranks failed");
 }
@@ -649,13 +687,12 @@ Status Checkpointer::SaveNow(int64_t step, const SavePlan& plan) {
 //   3. rank 0 writes its own part, the optimizers and the metadata, adds
 //      every receipt (each part object must be there, with its size), and
 //      commits; the other ranks return once the step is committed.
-// The records are named by a counter every rank advances alike, so a retry
-// of the same step never reads an earlier attempt's receipts.
-Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
+// The records are named by the save's attempt, so a retry of the same step
+// never reads an earlier attempt's receipts.
+Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const SavePlan& plan) {
   const std::string what = rank_.ToString() + ": striped save of step " + std::to_string(step);
-  const std::string seq = std::to_string(++save_seq_);
-  const std::string go = "stripe-go-" + seq;
-  auto receipt_of = [&](int r) { return "stripe-" + seq + "-" + std::to_string(r); };
+  const std::string go = "stripe-go-" + attempt;
+  auto receipt_of = [&](int r) { return "stripe-" + attempt + "-" + std::to_string(r); };
   if (rank_.rank != 0) {
     auto started = coordinator_->WaitFor(go, options_.timeout);
     if (!started.ok())
@@ -676,10 +713,12 @@ Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
       (void)coordinator_->Publish(receipt_of(rank_.rank), ErrorPayload(wrote));
       return wrote.WithContext(what);
     }
-    CKPTIO_RETURN_IF_ERROR(coordinator_->WaitSaved(step, options_.timeout).WithContext(what));
+    CKPTIO_RETURN_IF_ERROR(
+        coordinator_->WaitSaved(step, attempt, options_.timeout).WithContext(what));
     return ConfirmCommitted(step).WithContext(what);
   }
-  CKPTIO_RETURN_IF_ERROR(coordinator_->BeginSave(step, options_.timeout).WithContext(what));
+  CKPTIO_RETURN_IF_ERROR(
+      coordinator_->BeginSave(step, attempt, options_.timeout).WithContext(what));
   Status outcome = [&]() -> Status {
     auto pending = writer_->Begin(step);
     CKPTIO_RETURN_IF_ERROR(
@@ -689,6 +728,7 @@ Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
     // is still writing into the step when it is abandoned (the parts
     // received are deleted with it), and a retry starts clean.
     Status first = WritePlan(**pending, plan);
+    if (first.ok()) first = (*pending)->SetMetadata(kSaveAttemptKey, attempt);
     std::set<std::string> expected = plan.stripes;
     const auto deadline = DeadlineAfter(options_.timeout);
     for (int r = 1; r < rank_.world_size; ++r) {
@@ -725,14 +765,14 @@ Status Checkpointer::SaveStripe(int64_t step, const SavePlan& plan) {
     if (!info->retention.ok()) std::cerr << "ckptio: warning: " << info->retention << "\n";
     return OkStatus();
   }();
-  Status published = coordinator_->EndSave(step, outcome);
+  Status published = coordinator_->EndSave(step, attempt, outcome);
   CKPTIO_RETURN_IF_ERROR(outcome.WithContext(what));
   return published.WithContext(what + " committed, but telling the other ranks failed");
 }
 
 Result<bool> Checkpointer::Ticket::Poll() {
   if (!resolved_) {
-    auto r = owner_->coordinator_->PollSaved(step_);
+    auto r = owner_->coordinator_->PollSaved(step_, attempt_);
     if (r.ok() && !*r) {
       if (std::chrono::steady_clock::now() < deadline_) return false;
       r = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
@@ -749,7 +789,7 @@ Status Checkpointer::Ticket::Wait() {
     const auto left = std::max(std::chrono::milliseconds(1),  // 0 is "no timeout" to c10d
                                std::chrono::duration_cast<std::chrono::milliseconds>(
                                    deadline_ - std::chrono::steady_clock::now()));
-    Status s = owner_->coordinator_->WaitSaved(step_, left);
+    Status s = owner_->coordinator_->WaitSaved(step_, attempt_, left);
     if (s.code() == Code::kDeadlineExceeded)
       s = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
     if (s.ok()) s = owner_->ConfirmCommitted(step_);
@@ -760,6 +800,7 @@ Status Checkpointer::Ticket::Wait() {
 }
 
 Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
+  const std::string attempt = NextAttempt();  // first: every rank counts every call
   CKPTIO_RETURN_IF_ERROR(FinishAsync());
   if (options_.stripe && rank_.world_size > 1)
     return Status(Code::kInvalidArgument,
@@ -768,9 +809,10 @@ Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const S
   Ticket t;
   t.owner_ = this;
   t.step_ = step;
+  t.attempt_ = attempt;
   t.deadline_ = DeadlineAfter(options_.timeout);
   if (rank_.rank == 0) {
-    t.done_ = Save(step, state);
+    t.done_ = SaveNow(step, attempt, PlanFor(state));
     t.resolved_ = true;
   }
   return t;
@@ -781,7 +823,7 @@ Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const S
 // keeps the step it verified in *verified, so the load reads it only once.
 Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& options,
                                                        std::unique_ptr<OpenedStep>* verified) {
-  const std::string name = "load-" + std::to_string(++load_seq_);
+  const std::string name = scope_ + "-load-" + std::to_string(++load_seq_);
   json decision;
   if (rank_.rank == 0) {
     decision = [&]() -> json {

@@ -294,6 +294,52 @@ TEST_F(AsyncSaveTest, ANonBlockingTicketEndsAtTheDeadline) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 250ms);
 }
 
+// Two Checkpointers of one job on one store, one after the other: the
+// second's load is decided by its own rank 0, never answered by the first's
+// decision (both would be "load 1" if decisions were not scoped).
+TEST_F(AsyncSaveTest, ASecondCheckpointerOfTheJobNeverReadsTheFirstsDecisions) {
+  auto first = TwoRanks("scope-test", /*stripe=*/false);
+  ASSERT_TRUE(first.first && first.second);
+  Net net;
+  State state{{"model", net}};
+  auto both = [&](Checkpointer& c0, Checkpointer& c1, auto&& fn) {
+    Status s0;
+    std::thread rank0([&] { s0 = fn(c0); });
+    Status s1 = fn(c1);
+    rank0.join();
+    CKPTIO_EXPECT_OK(s0);
+    CKPTIO_EXPECT_OK(s1);
+  };
+  auto save = [&](int64_t step) {
+    return [&state, step](Checkpointer& c) { return c.Save(step, state); };
+  };
+  auto load = [&](Checkpointer& c) -> Status {
+    Net back;  // one per rank: the two load at once
+    State into{{"model", back}};
+    auto got = c.Load(into);
+    if (!got.ok()) return got.status();
+    return *got && (*got)->step == 20 ? OkStatus() : Status(Code::kInternal, "loaded another step");
+  };
+  both(*first.first, *first.second, save(10));
+  both(*first.first, *first.second, [&](Checkpointer& c) -> Status {
+    Net back;
+    State into{{"model", back}};
+    return c.Load(into).status();  // decides step 10
+  });
+  both(*first.first, *first.second, save(20));
+  first = {nullptr, nullptr};  // rank 0's writer lock goes with it
+  auto second = TwoRanks("scope-test", /*stripe=*/false);
+  ASSERT_TRUE(second.first && second.second);
+  // Rank 1 asks first; rank 0 decides 200 ms later: step 20, not the
+  // first Checkpointer's 10.
+  Status s1;
+  std::thread rank1([&] { s1 = load(*second.second); });
+  std::this_thread::sleep_for(200ms);
+  CKPTIO_EXPECT_OK(load(*second.first));
+  rank1.join();
+  CKPTIO_EXPECT_OK(s1);
+}
+
 TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   // Both ranks stage their part and return; their background threads stripe
   // and commit; a change made right after the calls is not in the step.

@@ -2,6 +2,7 @@
 // map_location, all-or-nothing loads, fallback, one-liners.
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
@@ -399,6 +400,40 @@ TEST_F(MapLocationTest, AFunctionSeesTheSavedDeviceAndPicksTheTarget) {
   EXPECT_EQ(seen, std::vector<std::string>{"cuda:0"});
   EXPECT_TRUE(m.weight.device().is_cpu());
   EXPECT_TRUE(BitEqual(m.weight, weight_));
+}
+
+// An optimizer's mapping sees the device its parameters had when saved
+// (recorded with it), as tensors do, not where the live optimizer is.
+TEST_F(MapLocationTest, AFunctionSeesAnOptimizersSavedDevice) {
+  One m;
+  torch::optim::SGD sgd(m.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::ostringstream archive;
+  {
+    torch::serialize::OutputArchive out;
+    sgd.save(out);
+    out.save_to(archive);
+  }
+  {
+    auto store = OpenStore(dir_.Sub("store"));
+    ASSERT_TRUE(store.ok());
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, (*store)->OpenWriter({}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(2));
+    const std::string bytes = archive.str();
+    CKPTIO_ASSERT_OK(p->PutObject("opt.optim.pt", bytes.data(), bytes.size()));
+    CKPTIO_ASSERT_OK(p->SetMetadata("ckptio.item.opt", "optimizer:cuda:0"));
+    CKPTIO_ASSERT_OK(p->Commit().status());
+  }
+  auto ckpt = OpenCkpt(dir_.Sub("store"));
+  State s{{"opt", sgd}};
+  std::vector<std::string> seen;
+  LoadOptions o;
+  o.map_location = MapLocation::With([&](const std::string& saved) {
+    seen.push_back(saved);
+    return torch::Device(torch::kCPU);
+  });
+  auto got = ckpt->Load(s, o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(seen, std::vector<std::string>{"cuda:0"});
 }
 
 TEST_F(MapLocationTest, AutoAndExplicitCpuLandOnCpuWithoutCuda) {
