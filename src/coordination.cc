@@ -4,6 +4,9 @@
 
 #include <unistd.h>
 
+#include <map>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "ckptio/manifest.h"
@@ -102,39 +105,52 @@ class FileCoordinator : public Coordinator {
   Status EndSave(int64_t step, std::string_view attempt, const Status& outcome) override {
     Status s = WriteRecord(step, attempt, outcome.ok() ? "committed" : "failed", outcome);
     save_lock_.reset();  // after the record: a waiter that gets the lock sees the outcome
+    // The next record carries this outcome: a waiter that reads the record
+    // only after rank 0 began its next save still learns it.
+    previous_ = {{"prev_step", std::to_string(step)},
+                 {"prev_attempt", std::string(attempt)},
+                 {"prev_state", outcome.ok() ? "committed" : "failed"},
+                 {"prev_code", std::to_string(static_cast<int>(outcome.code()))},
+                 {"prev_message", outcome.message()}};
     return s;
   }
 
   Result<bool> PollSaved(int64_t step, std::string_view attempt) override {
+    // The record first, then the store: a record of a later attempt was
+    // written after this attempt ended, so its commit, if any, shows below.
+    auto record = ReadRecord(kSaveRecordKey, kSaveFormat);
     CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt));
     if (committed) return true;
-    auto record = ReadRecord(kSaveRecordKey, kSaveFormat);
-    if (record.ok() && Mine(*record, step, attempt) && record->at("state") == "failed")
-      return Failure(*record, step);
+    if (record.ok()) {
+      if (Mine(*record, step, attempt) && record->at("state") == "failed")
+        return Failure(*record, "", step);
+      CKPTIO_RETURN_IF_ERROR(EndedEarlier(*record, step, attempt));
+    }
     if (mode_ != WaitMode::kFileLock) return false;
     auto lock = backend_->TryLock(kSaveLockKey, LockMode::kShared);
     if (!lock.ok()) {
-      if (lock.status().code() != Code::kFailedPrecondition) return lock.status();
-      saw_held_ = std::string(attempt);  // rank 0 is saving
-      return false;
+      if (lock.status().code() == Code::kFailedPrecondition) return false;  // rank 0 is saving
+      return lock.status();
     }
     // We hold the shared lock, so rank 0 is not inside a save: it has not
     // started this one, has finished it, or died. Decide before releasing
     // the lock, or rank 0 could start the save and look dead.
-    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt));
-    if (committed) return true;
     record = ReadRecord(kSaveRecordKey, kSaveFormat);
+    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt));
     lock->reset();
-    if (!record.ok() || !Mine(*record, step, attempt)) return false;
-    // A job id that a later launch may repeat: the record could be an
-    // earlier launch's, unless this wait saw rank 0 hold the lock.
-    if (record->at("state") == "saving" && (!rank_.job_id_reused || saw_held_ == attempt))
+    if (committed) return true;
+    if (!record.ok()) return false;
+    if (!Mine(*record, step, attempt)) {
+      CKPTIO_RETURN_IF_ERROR(EndedEarlier(*record, step, attempt));
+      return false;
+    }
+    if (record->at("state") == "saving")
       return Status(Code::kAborted,
                     "writer died before committing step " + std::to_string(step) + ": rank 0 (" +
                         record->at("host") + ", pid " + record->at("pid") +
                         ") released the save lock without committing; the newest committed "
                         "checkpoint is intact: restart the job to resume from it");
-    if (record->at("state") == "failed") return Failure(*record, step);
+    if (record->at("state") == "failed") return Failure(*record, "", step);
     return false;
   }
 
@@ -167,17 +183,59 @@ class FileCoordinator : public Coordinator {
  private:
   static std::string DecisionKey(const std::string& name) { return ".coord/decision-" + name; }
 
-  // Rank 0's failure, with its code, as every waiter reports it.
-  static Status Failure(const std::map<std::string, std::string>& r, int64_t step) {
+  // Rank 0's failure, with its code, as every waiter reports it (fields
+  // "code" and "message", or "prev_code" and "prev_message").
+  static Status Failure(const std::map<std::string, std::string>& r, const std::string& prefix,
+                        int64_t step) {
     Code code = Code::kInternal;
-    auto it = r.find("code");
+    auto it = r.find(prefix + "code");
     if (it != r.end() && it->second.size() <= 2 &&
         it->second.find_first_not_of("0123456789") == std::string::npos && !it->second.empty() &&
         std::stoi(it->second) > 0 && std::stoi(it->second) <= static_cast<int>(Code::kInternal))
       code = static_cast<Code>(std::stoi(it->second));
-    auto msg = r.find("message");
+    auto msg = r.find(prefix + "message");
     return Status(code, "rank 0 failed to save step " + std::to_string(step) + ": " +
                             (msg == r.end() ? "(no message)" : msg->second));
+  }
+
+  // OK while rank 0 may still commit `attempt` of `step`. Once the record
+  // is a later attempt's (rank 0 is past this one, which then did not
+  // commit): its failure if the record still carries it, else an error
+  // saying the outcome was overwritten.
+  Status EndedEarlier(const std::map<std::string, std::string>& r, int64_t step,
+                      std::string_view attempt) const {
+    auto field = [&](const char* k) {
+      auto it = r.find(k);
+      return it == r.end() ? std::string() : it->second;
+    };
+    if (field("job") != job_) return OkStatus();
+    if (field("prev_attempt") == attempt && field("prev_step") == std::to_string(step)) {
+      if (field("prev_state") == "failed") return Failure(r, "prev_", step);
+      return OkStatus();  // committed, but not (yet) seen in the store here: keep looking
+    }
+    if (!Later(field("attempt"), attempt)) return OkStatus();
+    return Status(Code::kAborted,
+                  "rank 0 went on to a later save (" + field("attempt") +
+                      ") without committing "
+                      "step " +
+                      std::to_string(step) + " for this one (" + std::string(attempt) +
+                      "), and its record was replaced before this rank read it: rank 0's log has "
+                      "the error");
+  }
+
+  // "<scope>.<k>" of the same scope with a larger k.
+  static bool Later(std::string_view a, std::string_view than) {
+    const size_t i = a.rfind('.'), j = than.rfind('.');
+    if (i == std::string_view::npos || j == std::string_view::npos ||
+        a.substr(0, i) != than.substr(0, j))
+      return false;
+    auto number = [](std::string_view d) -> std::optional<uint64_t> {
+      if (d.empty() || d.size() > 18 || d.find_first_not_of("0123456789") != std::string_view::npos)
+        return std::nullopt;
+      return std::stoull(std::string(d));
+    };
+    auto x = number(a.substr(i + 1)), y = number(than.substr(j + 1));
+    return x && y && *x > *y;
   }
 
   bool Mine(const std::map<std::string, std::string>& r, int64_t step,
@@ -219,17 +277,17 @@ class FileCoordinator : public Coordinator {
 
   Status WriteRecord(int64_t step, std::string_view attempt, const std::string& state,
                      const Status& outcome) {
-    return WriteSmall(
-        *backend_, kSaveRecordKey,
-        SerializeRecord(kSaveFormat, {{"job", job_},
-                                      {"step", std::to_string(step)},
-                                      {"attempt", std::string(attempt)},
-                                      {"state", state},
-                                      {"host", HostName()},
-                                      {"pid", std::to_string(::getpid())},
-                                      {"code", std::to_string(static_cast<int>(outcome.code()))},
-                                      {"message", outcome.message()}}),
-        WriteMode::kReplace);
+    std::map<std::string, std::string> fields = previous_;
+    fields.insert({{"job", job_},
+                   {"step", std::to_string(step)},
+                   {"attempt", std::string(attempt)},
+                   {"state", state},
+                   {"host", HostName()},
+                   {"pid", std::to_string(::getpid())},
+                   {"code", std::to_string(static_cast<int>(outcome.code()))},
+                   {"message", outcome.message()}});
+    return WriteSmall(*backend_, kSaveRecordKey, SerializeRecord(kSaveFormat, fields),
+                      WriteMode::kReplace);
   }
 
   std::shared_ptr<StorageBackend> backend_;
@@ -238,7 +296,7 @@ class FileCoordinator : public Coordinator {
   std::string job_;  // hash of the job id: records of other launches never match
   WaitMode mode_;
   std::unique_ptr<BackendLock> save_lock_;
-  std::string saw_held_;  // the attempt during whose wait rank 0 was seen holding the lock
+  std::map<std::string, std::string> previous_;  // rank 0: prev_* fields, the last outcome
 };
 
 }  // namespace
@@ -254,6 +312,15 @@ Result<std::unique_ptr<Coordinator>> NewFileCoordinator(std::shared_ptr<StorageB
                   "file-based coordination of " + std::to_string(rank.world_size) +
                       " ranks needs a job id shared by all ranks of this launch: run under "
                       "torchrun, ckptio-launch, Slurm or mpirun, or set CKPTIO_JOB_ID");
+  if (rank.world_size > 1 && rank.job_id_reused)
+    return Status(Code::kInvalidArgument,
+                  "file-based coordination needs a job id that the next launch will not repeat, "
+                  "and \"" +
+                      rank.job_id +
+                      "\" (torchrun's static rendezvous: its master "
+                      "address) would: an earlier launch's records would pass for this one's. Set "
+                      "CKPTIO_JOB_ID fresh per launch (export CKPTIO_JOB_ID=$(date +%s%N)), run "
+                      "torchrun with --rdzv-id, or use wait mode c10d-store");
   return std::unique_ptr<Coordinator>(
       std::make_unique<FileCoordinator>(std::move(backend), rank, mode));
 }

@@ -3,11 +3,14 @@
 #
 #   tools/gpu-check.sh --fetch-deps   # here, on Debian 12: .gpu-deps/*.deb for a machine
 #                                     # that cannot fetch packages (carry .gpu-deps there)
-#   tools/gpu-check.sh [--rehearse] [--full-build] [--out DIR] [DEVICE]
+#   tools/gpu-check.sh [--rehearse] [--full-build] [--torch-root] [--out DIR] [DEVICE]
 #
 # DEVICE defaults to cuda:0; PYTHON=... picks the python3 whose torch to use.
 # --rehearse: on a machine without CUDA, everything but the CUDA cases.
 # --full-build: also build the whole project against this LibTorch, last.
+# --torch-root: use LibTorch's headers and libraries without its CMake
+#   config (CKPTIO_TORCH_ROOT); also the fallback when the config fails
+#   (a CUDA wheel's config wants a matching CUDA toolkit).
 # --out DIR: a copy of the output (gpu-check.log) and gpu-bench.json there
 #   (the device tool's $OUT).
 #
@@ -60,11 +63,12 @@ if [ "${1:-}" = --fetch-deps ]; then
   echo "  tools/gpu-check.sh [DEVICE]"
   exit 0
 fi
-rehearse="" full_build="" out="" DEVICE=cuda:0
+rehearse="" full_build="" torch_root_only="" out="" DEVICE=cuda:0
 while [ $# -gt 0 ]; do
   case $1 in
     --rehearse) rehearse=1 ;;
     --full-build) full_build=1 ;;
+    --torch-root) torch_root_only=1 ;;
     --out)
       out=${2:?--out needs a folder}
       shift
@@ -135,9 +139,31 @@ if compgen -G "$DEPS_DEBS/*.deb" >/dev/null; then
   export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" CKPTIO_NO_APT=1
 fi
 
+# LibTorch's root for CKPTIO_TORCH_ROOT: the wheel's torch/ folder, or /usr
+# for Debian's package (whose headers are not in the Python package).
+torch_root=""
+for d in "$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')" /usr; do
+  [ -e "$d/include/torch/csrc/api/include/torch/torch.h" ] && torch_root=$d && break
+done
+
 export CKPTIO_NO_DEBIAN_TORCH=1 CKPTIO_BUILD_DIR="$BUILD"
 export CKPTIO_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$cmake_prefix $cmake_extra -DCMAKE_BUILD_TYPE=Release"
-CKPTIO_BUILD_TARGETS="torch_state_test torch_async_test ckptio-bench" "$ROOT/tools/setup.sh"
+build_checks() {
+  CKPTIO_BUILD_TARGETS="torch_state_test torch_async_test ckptio-bench" "$ROOT/tools/setup.sh"
+}
+without_config() {
+  [ -n "$torch_root" ] || die "no LibTorch headers next to $PY's torch, nor in /usr"
+  rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles" "$BUILD/build.ninja"
+  CKPTIO_CMAKE_ARGS="$CKPTIO_CMAKE_ARGS -DCKPTIO_TORCH_ROOT=$torch_root" build_checks
+}
+if [ -n "$torch_root_only" ]; then
+  without_config
+elif ! build_checks; then
+  [ ! -f "$BUILD/build.ninja" ] || die "the build failed (above)"
+  echo "gpu-check: LibTorch's CMake config failed (above); again without it," \
+    "from $torch_root's headers and libraries"
+  without_config
+fi
 
 bin="$BUILD/bin"
 status=0

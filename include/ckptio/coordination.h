@@ -29,13 +29,14 @@
 //              the lock finds no such record and waits. If rank 0 dies after
 //              taking the lock but before its record is durable (a few ms),
 //              waiters cannot tell that from "not started yet" and end at the
-//              deadline instead. With a job id that can repeat across
-//              launches (RankInfo::job_id_reused), a record only proves a
-//              death to a waiter that saw the lock held during its wait.
+//              deadline instead.
 //   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so
-// records of an earlier launch are never mistaken for this one's.
+// records of an earlier launch are never mistaken for this one's; a job id
+// that the next launch repeats (RankInfo::job_id_reused) is refused. Each
+// save record also carries rank 0's previous outcome, so a waiter that reads
+// it only after rank 0 began its next save still learns how its save ended.
 #ifndef CKPTIO_COORDINATION_H_
 #define CKPTIO_COORDINATION_H_
 
@@ -103,7 +104,7 @@ class Coordinator {
 
 // kManifest or kFileLock coordination through the store at `backend`.
 // InvalidArgument for kStore (see ckptio/torch.h), or when a job of several
-// ranks has no job id (set CKPTIO_JOB_ID).
+// ranks has no job id, or one a relaunch repeats (set CKPTIO_JOB_ID).
 Result<std::unique_ptr<Coordinator>> NewFileCoordinator(std::shared_ptr<StorageBackend> backend,
                                                         const RankInfo& rank, WaitMode mode);
 

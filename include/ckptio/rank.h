@@ -22,8 +22,8 @@ struct RankInfo {
   std::string job_id;
   // True when job_id may repeat in a later launch (torchrun's static
   // rendezvous: its master address and port), so that records left by an
-  // earlier launch could carry it. Set CKPTIO_JOB_ID (or a torchrun run id)
-  // to make it unique.
+  // earlier launch could carry it: file-based coordination refuses it. Set
+  // CKPTIO_JOB_ID (or a torchrun run id) to make it unique.
   bool job_id_reused = false;
   std::string source;  // "torchrun", "slurm", "openmpi", "explicit", "single"
 

@@ -229,12 +229,15 @@ class Checkpointer {
   // The next save's attempt (see ckptio/coordination.h): scope_ and the
   // number of save calls so far, the same on every rank.
   std::string NextAttempt();
+  // Rank 0, a save that ends before it began: tells the other ranks (its
+  // error as the attempt's outcome), and returns `error`.
+  Status Abandon(int64_t step, const std::string& attempt, Status error);
   Status SaveNow(int64_t step, const std::string& attempt, const internal::SavePlan& plan);
   Status SaveStripe(int64_t step, const std::string& attempt, const internal::SavePlan& plan);
   // What this rank writes of `state`: everything on rank 0 of a plain save,
   // its part of a striped one, nothing otherwise.
   internal::SavePlan PlanFor(const State& state) const;
-  Result<std::optional<LoadResult>> Decide(const LoadOptions& options,
+  Result<std::optional<LoadResult>> Decide(const std::string& name, const LoadOptions& options,
                                            std::unique_ptr<internal::OpenedStep>* verified);
 
   RankInfo rank_;
@@ -243,7 +246,7 @@ class Checkpointer {
   std::unique_ptr<StoreWriter> writer_;  // rank 0 only
   std::unique_ptr<Coordinator> coordinator_;
   // Names this Checkpointer's saves and load decisions in the job: a hash
-  // of the job id and how many Checkpointers this rank opened on the store
+  // of the job id and how many Checkpointers of the job this rank opened
   // before (every rank opens its Checkpointers in the same order).
   std::string scope_;
   uint64_t load_seq_ = 0;

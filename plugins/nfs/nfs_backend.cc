@@ -822,6 +822,10 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
   // libnfs counts timeouts in whole seconds.
   nfs_set_timeout(ctx, static_cast<int>(std::max<int64_t>(1, o.timeout.count() / 1000) * 1000));
   nfs_set_autoreconnect(ctx, 0);  // never retry silently: a dead server is an error
+  // No client-side caching: a directory listing reused while the directory's
+  // mtime looks unchanged can miss what another client just committed.
+  nfs_set_dircache(ctx, 0);
+  nfs_set_pagecache(ctx, 0);
   if (o.version == 4) {
     // Two v4 connections of one process must not share a client identity.
     nfs4_set_client_name(ctx, client.c_str());

@@ -468,15 +468,17 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
 
 namespace {
 
-// "<16 hex of the job id's hash>.c<n>": the n-th Checkpointer this rank
-// opened on the store in this process. Two Checkpointers of one job (model
-// and EMA, or one per phase) never read each other's records or keys.
-std::string ScopeFor(const std::string& uri, const RankInfo& rank) {
+// "<16 hex of the job id's hash>.c<n>": the n-th Checkpointer of the job
+// this rank opened in this process (a job of one rank: c0, nobody to
+// agree with). Two Checkpointers of one job (model and EMA, on one store or
+// two sharing a TCPStore) never read each other's records or keys.
+std::string ScopeFor(const RankInfo& rank) {
+  const std::string job = HashBytes(rank.job_id).Hex().substr(0, 16);
+  if (rank.world_size == 1) return job + ".c0";
   static std::mutex mu;
   static auto* opened = new std::map<std::string, uint64_t>;  // never destroyed
-  const std::string job = HashBytes(rank.job_id).Hex().substr(0, 16);
   std::lock_guard<std::mutex> lock(mu);
-  const uint64_t n = ++(*opened)[uri + '\0' + std::to_string(rank.rank) + '\0' + job];
+  const uint64_t n = ++(*opened)[std::to_string(rank.rank) + '\0' + job];
   return job + ".c" + std::to_string(n);
 }
 
@@ -494,7 +496,6 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
     shared = std::move(backend);
   }
   c->store_ = std::make_unique<Store>(shared);
-  c->scope_ = ScopeFor(shared->Uri(), rank);
   if (c->options_.wait == WaitMode::kStore) {
     if (!c->options_.c10d_store)
       return Status(Code::kInvalidArgument,
@@ -514,6 +515,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
         std::min<std::chrono::milliseconds>(c->options_.timeout, std::chrono::seconds(30));
     CKPTIO_ASSIGN_OR_RETURN(c->writer_, c->store_->OpenWriter(wo));
   }
+  c->scope_ = ScopeFor(rank);  // last: an Open that fails counts on no rank
   return c;
 }
 
@@ -551,9 +553,18 @@ Status Checkpointer::ConfirmCommitted(int64_t step) {
 
 std::string Checkpointer::NextAttempt() { return scope_ + "." + std::to_string(++save_seq_); }
 
+Status Checkpointer::Abandon(int64_t step, const std::string& attempt, Status error) {
+  if (rank_.rank == 0 && rank_.world_size > 1) {
+    if (options_.stripe) (void)coordinator_->Publish("stripe-go-" + attempt, ErrorPayload(error));
+    (void)coordinator_->EndSave(step, attempt, error);
+  }
+  return error;
+}
+
 Status Checkpointer::Save(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
-  CKPTIO_RETURN_IF_ERROR(FinishAsync());
+  Status previous = FinishAsync();
+  if (!previous.ok()) return Abandon(step, attempt, previous);
   return SaveNow(step, attempt, PlanFor(state));
 }
 
@@ -569,7 +580,7 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
   std::future<Status> future = promise.get_future();
   Status previous = FinishAsync();
   if (!previous.ok()) {
-    promise.set_value(previous);
+    promise.set_value(Abandon(step, attempt, previous));
     return future;
   }
   internal::AsyncSave& as = *async_;
@@ -639,7 +650,7 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
       plan.optimizers.clear();
       return OkStatus();
     });
-    if (!staged.ok()) return done_now(staged);
+    if (!staged.ok()) return done_now(Abandon(step, attempt, staged));
   }
   as.worker = std::thread(
       [this, step, attempt, plan = std::move(plan), promise = std::move(promise)]() mutable {
@@ -661,9 +672,10 @@ Status Checkpointer::SaveNow(int64_t step, const std::string& attempt, const Sav
   }
   // A job of one rank has nobody to tell.
   const bool coordinate = rank_.world_size > 1;
-  if (coordinate)
-    CKPTIO_RETURN_IF_ERROR(
-        coordinator_->BeginSave(step, attempt, options_.timeout).WithContext(what));
+  if (coordinate) {
+    Status began = coordinator_->BeginSave(step, attempt, options_.timeout);
+    if (!began.ok()) return Abandon(step, attempt, began.WithContext(what));
+  }
   Status outcome = [&]() -> Status {
     CKPTIO_ASSIGN_OR_RETURN(auto pending, writer_->Begin(step));
     CKPTIO_RETURN_IF_ERROR(WritePlan(*pending, plan));
@@ -717,8 +729,8 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
         coordinator_->WaitSaved(step, attempt, options_.timeout).WithContext(what));
     return ConfirmCommitted(step).WithContext(what);
   }
-  CKPTIO_RETURN_IF_ERROR(
-      coordinator_->BeginSave(step, attempt, options_.timeout).WithContext(what));
+  Status began = coordinator_->BeginSave(step, attempt, options_.timeout);
+  if (!began.ok()) return Abandon(step, attempt, began.WithContext(what));
   Status outcome = [&]() -> Status {
     auto pending = writer_->Begin(step);
     CKPTIO_RETURN_IF_ERROR(
@@ -801,7 +813,8 @@ Status Checkpointer::Ticket::Wait() {
 
 Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
-  CKPTIO_RETURN_IF_ERROR(FinishAsync());
+  Status previous = FinishAsync();
+  if (!previous.ok()) return Abandon(step, attempt, previous);
   if (options_.stripe && rank_.world_size > 1)
     return Status(Code::kInvalidArgument,
                   "SaveNonBlocking does not stripe (every rank writes its part of a striped "
@@ -821,9 +834,9 @@ Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const S
 // Rank 0 picks the step (newest that verifies, or the one asked for) and
 // publishes it; every rank gets the same answer, errors included. Rank 0
 // keeps the step it verified in *verified, so the load reads it only once.
-Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& options,
+Result<std::optional<LoadResult>> Checkpointer::Decide(const std::string& name,
+                                                       const LoadOptions& options,
                                                        std::unique_ptr<OpenedStep>* verified) {
-  const std::string name = scope_ + "-load-" + std::to_string(++load_seq_);
   json decision;
   if (rank_.rank == 0) {
     decision = [&]() -> json {
@@ -885,9 +898,19 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const LoadOptions& option
 
 Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOptions& options) {
   const std::string what = rank_.ToString() + ": load";
-  CKPTIO_RETURN_IF_ERROR(FinishAsync());
+  // Named first: every rank counts every call, whatever happens next.
+  const std::string decision = scope_ + "-load-" + std::to_string(++load_seq_);
+  Status previous = FinishAsync();
+  if (!previous.ok()) {
+    if (rank_.rank == 0 && rank_.world_size > 1)  // the others wait for a decision: this one
+      (void)coordinator_->Publish(
+          decision,
+          json{{"code", static_cast<int>(previous.code())}, {"message", previous.message()}}.dump(
+              -1, ' ', false, json::error_handler_t::replace));
+    return previous;
+  }
   std::unique_ptr<OpenedStep> opened;
-  auto decided = Decide(options, &opened);
+  auto decided = Decide(decision, options, &opened);
   if (!decided.ok()) return decided.status().WithContext(what);
   if (!decided->has_value()) return decided;
   const LoadResult& r = **decided;
