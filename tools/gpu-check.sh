@@ -81,6 +81,9 @@ done
 if [ -n "$out" ]; then
   mkdir -p "$out"
   exec > >(tee "$out/gpu-check.log") 2>&1
+  tee_pid=$!
+  # At exit: end tee's input and let it write the last lines.
+  trap 'exec >&- 2>&-; wait "$tee_pid" 2>/dev/null || true' EXIT
 fi
 
 prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)') ||
