@@ -340,6 +340,44 @@ TEST_F(AsyncSaveTest, ASecondCheckpointerOfTheJobNeverReadsTheFirstsDecisions) {
   CKPTIO_EXPECT_OK(s1);
 }
 
+// Rank 0 gives up on a save before it begins (here: the save lock stays
+// taken past its timeout). The other rank gets rank 0's error at once, not
+// after its own, much longer deadline; plain and striped.
+TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
+  for (bool stripe : {false, true}) {
+    SCOPED_TRACE(stripe ? "striped" : "plain");
+    const std::string store = dir_.Sub(stripe ? "striped" : "plain");
+    auto open = [&](int r, std::chrono::milliseconds timeout) {
+      RankInfo rank;
+      rank.world_size = rank.local_world_size = 2;
+      rank.rank = rank.local_rank = r;
+      rank.job_id = "abandon-test";
+      CheckpointerOptions o;
+      o.wait = WaitMode::kFileLock;
+      o.timeout = timeout;
+      o.stripe = stripe;
+      auto c = Checkpointer::Open(store, rank, o);
+      EXPECT_TRUE(c.ok()) << c.status();
+      return c.ok() ? std::move(*c) : nullptr;
+    };
+    auto c0 = open(0, 300ms), c1 = open(1, 20s);
+    ASSERT_TRUE(c0 && c1);
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, NewPosixBackend(store));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto held, other->TryLock(".save-lock", LockMode::kExclusive));
+    Net net;
+    State state{{"model", net}};
+    Status s1;
+    auto t0 = std::chrono::steady_clock::now();
+    std::thread rank1([&] { s1 = c1->Save(1, state); });
+    Status s0 = c0->Save(1, state);
+    rank1.join();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_FALSE(s0.ok()) << "rank 0 took a lock that is held";
+    EXPECT_EQ(s1.code(), s0.code()) << s1;
+    EXPECT_LT(took, 10s) << "rank 1 waited for its own deadline";
+  }
+}
+
 TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   // Both ranks stage their part and return; their background threads stripe
   // and commit; a change made right after the calls is not in the step.

@@ -381,23 +381,42 @@ class MapLocationTest : public ::testing::Test {
     torch::Tensor weight;
   };
 
+  // Loads `s` through a mapping that records each saved device it is asked
+  // about and answers the CPU; returns what it was asked.
+  std::vector<std::string> LoadRecordingDevices(State& s) {
+    auto ckpt = OpenCkpt(dir_.Sub("store"));
+    std::vector<std::string> seen;
+    LoadOptions o;
+    o.map_location = MapLocation::With([&](const std::string& saved) {
+      seen.push_back(saved);
+      return torch::Device(torch::kCPU);
+    });
+    auto got = ckpt->Load(s, o);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return seen;
+  }
+
+  // Loads the model through `map`: it must land on `device`, bit-exact.
+  void ExpectLandsOn(const MapLocation& map, const torch::Device& device) {
+    auto ckpt = OpenCkpt(dir_.Sub("store"));  // rank 0, LOCAL_RANK 0
+    One m;
+    State s{{"model", m}};
+    LoadOptions o;
+    o.map_location = map;
+    auto got = ckpt->Load(s, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(m.weight.device(), device);
+    EXPECT_TRUE(BitEqual(m.weight, weight_));
+  }
+
   TempDir dir_;
   torch::Tensor weight_;
 };
 
 TEST_F(MapLocationTest, AFunctionSeesTheSavedDeviceAndPicksTheTarget) {
-  auto ckpt = OpenCkpt(dir_.Sub("store"));
   One m;
   State s{{"model", m}};
-  std::vector<std::string> seen;
-  LoadOptions o;
-  o.map_location = MapLocation::With([&](const std::string& saved) {
-    seen.push_back(saved);
-    return torch::Device(torch::kCPU);
-  });
-  auto got = ckpt->Load(s, o);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(seen, std::vector<std::string>{"cuda:0"});
+  EXPECT_EQ(LoadRecordingDevices(s), std::vector<std::string>{"cuda:0"});
   EXPECT_TRUE(m.weight.device().is_cpu());
   EXPECT_TRUE(BitEqual(m.weight, weight_));
 }
@@ -423,32 +442,14 @@ TEST_F(MapLocationTest, AFunctionSeesAnOptimizersSavedDevice) {
     CKPTIO_ASSERT_OK(p->SetMetadata("ckptio.item.opt", "optimizer:cuda:0"));
     CKPTIO_ASSERT_OK(p->Commit().status());
   }
-  auto ckpt = OpenCkpt(dir_.Sub("store"));
   State s{{"opt", sgd}};
-  std::vector<std::string> seen;
-  LoadOptions o;
-  o.map_location = MapLocation::With([&](const std::string& saved) {
-    seen.push_back(saved);
-    return torch::Device(torch::kCPU);
-  });
-  auto got = ckpt->Load(s, o);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(seen, std::vector<std::string>{"cuda:0"});
+  EXPECT_EQ(LoadRecordingDevices(s), std::vector<std::string>{"cuda:0"});
 }
 
 TEST_F(MapLocationTest, AutoAndExplicitCpuLandOnCpuWithoutCuda) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA present: see tools/gpu-check.sh";
-  for (auto map : {MapLocation::Auto(), MapLocation::To("cpu"), MapLocation::To(torch::kCPU)}) {
-    auto ckpt = OpenCkpt(dir_.Sub("store"));
-    One m;
-    State s{{"model", m}};
-    LoadOptions o;
-    o.map_location = map;
-    auto got = ckpt->Load(s, o);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_TRUE(m.weight.device().is_cpu());
-    EXPECT_TRUE(BitEqual(m.weight, weight_));
-  }
+  for (auto map : {MapLocation::Auto(), MapLocation::To("cpu"), MapLocation::To(torch::kCPU)})
+    ExpectLandsOn(map, torch::Device(torch::kCPU));
 }
 
 TEST_F(MapLocationTest, AMissingCudaDeviceIsAClearErrorAndLeavesTheModel) {
@@ -474,17 +475,7 @@ TEST_F(MapLocationTest, CudaAutoAndAFunctionLandOnTheRanksOwnDevice) {
   const MapLocation maps[] = {
       MapLocation::Auto(), MapLocation::To("cuda:0"),
       MapLocation::With([](const std::string&) { return torch::Device("cuda:0"); })};
-  for (const MapLocation& map : maps) {
-    auto ckpt = OpenCkpt(dir_.Sub("store"));  // rank 0, LOCAL_RANK 0
-    One m;
-    State s{{"model", m}};
-    LoadOptions o;
-    o.map_location = map;
-    auto got = ckpt->Load(s, o);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(m.weight.device(), torch::Device("cuda:0"));
-    EXPECT_TRUE(BitEqual(m.weight, weight_));
-  }
+  for (const MapLocation& map : maps) ExpectLandsOn(map, torch::Device("cuda:0"));
 }
 
 // Auto on a rank whose LOCAL_RANK names a GPU this machine lacks: a clear
