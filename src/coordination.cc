@@ -122,7 +122,7 @@ class FileCoordinator : public Coordinator {
     CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt));
     if (committed) return true;
     if (record.ok()) {
-      if (Mine(*record, step, attempt) && record->at("state") == "failed")
+      if (Mine(*record, step, attempt) && Field(*record, "state") == "failed")
         return Failure(*record, "", step);
       CKPTIO_RETURN_IF_ERROR(EndedEarlier(*record, step, attempt));
     }
@@ -144,13 +144,13 @@ class FileCoordinator : public Coordinator {
       CKPTIO_RETURN_IF_ERROR(EndedEarlier(*record, step, attempt));
       return false;
     }
-    if (record->at("state") == "saving")
+    if (Field(*record, "state") == "saving")
       return Status(Code::kAborted,
                     "writer died before committing step " + std::to_string(step) + ": rank 0 (" +
-                        record->at("host") + ", pid " + record->at("pid") +
+                        Field(*record, "host") + ", pid " + Field(*record, "pid") +
                         ") released the save lock without committing; the newest committed "
                         "checkpoint is intact: restart the job to resume from it");
-    if (record->at("state") == "failed") return Failure(*record, "", step);
+    if (Field(*record, "state") == "failed") return Failure(*record, "", step);
     return false;
   }
 
@@ -167,8 +167,8 @@ class FileCoordinator : public Coordinator {
     Backoff backoff(DeadlineAfter(timeout));
     while (true) {
       auto record = ReadRecord(DecisionKey(name), kDecisionFormat);
-      if (record.ok() && record->at("job") == job_ && record->count("payload"))
-        return record->at("payload");
+      if (record.ok() && Field(*record, "job") == job_ && record->count("payload"))
+        return Field(*record, "payload");
       if (!record.ok() && record.status().code() != Code::kNotFound &&
           record.status().code() != Code::kDataLoss)
         return record.status();
@@ -203,24 +203,31 @@ class FileCoordinator : public Coordinator {
   // commit): its failure if the record still carries it, else an error
   // saying the outcome was overwritten.
   Status EndedEarlier(const std::map<std::string, std::string>& r, int64_t step,
-                      std::string_view attempt) const {
-    auto field = [&](const char* k) {
-      auto it = r.find(k);
-      return it == r.end() ? std::string() : it->second;
-    };
-    if (field("job") != job_) return OkStatus();
-    if (field("prev_attempt") == attempt && field("prev_step") == std::to_string(step)) {
-      if (field("prev_state") == "failed") return Failure(r, "prev_", step);
-      return OkStatus();  // committed, but not (yet) seen in the store here: keep looking
+                      std::string_view attempt) {
+    if (Field(r, "job") != job_) return OkStatus();
+    if (Field(r, "prev_attempt") == attempt && Field(r, "prev_step") == std::to_string(step)) {
+      if (Field(r, "prev_state") == "failed") return Failure(r, "prev_", step);
+      // Committed, yet not seen as committed here: not yet visible, or gone.
+      auto reader = store_.OpenStep(step);
+      if (!reader.ok() && reader.status().code() == Code::kNotFound)
+        return Status(Code::kNotFound, "rank 0 committed step " + std::to_string(step) +
+                                           ", but it is no longer in the store: retention "
+                                           "(keep_last) removed it before this rank looked");
+      return OkStatus();
     }
-    if (!Later(field("attempt"), attempt)) return OkStatus();
+    if (!Later(Field(r, "attempt"), attempt)) return OkStatus();
     return Status(Code::kAborted,
-                  "rank 0 went on to a later save (" + field("attempt") +
-                      ") without committing "
-                      "step " +
-                      std::to_string(step) + " for this one (" + std::string(attempt) +
-                      "), and its record was replaced before this rank read it: rank 0's log has "
-                      "the error");
+                  "rank 0 went on to a later save (" + Field(r, "attempt") + ") and step " +
+                      std::to_string(step) + " is not in the store as this save's (" +
+                      std::string(attempt) +
+                      ") commit: it failed (rank 0's log has the error; its record was replaced "
+                      "before this rank read it), or it was committed and already removed by "
+                      "retention (keep_last)");
+  }
+
+  static std::string Field(const std::map<std::string, std::string>& r, const char* key) {
+    auto it = r.find(key);
+    return it == r.end() ? std::string() : it->second;
   }
 
   // "<scope>.<k>" of the same scope with a larger k.
@@ -240,10 +247,8 @@ class FileCoordinator : public Coordinator {
 
   bool Mine(const std::map<std::string, std::string>& r, int64_t step,
             std::string_view attempt) const {
-    auto job = r.find("job"), s = r.find("step"), a = r.find("attempt"), st = r.find("state");
-    return job != r.end() && job->second == job_ && s != r.end() &&
-           s->second == std::to_string(step) && a != r.end() && a->second == attempt &&
-           st != r.end();
+    return Field(r, "job") == job_ && Field(r, "step") == std::to_string(step) &&
+           Field(r, "attempt") == attempt && !Field(r, "state").empty();
   }
 
   // Committed means: LATEST (opened and read) is at or past `step`, and the

@@ -903,6 +903,37 @@ TEST_P(CoordinationTest, AnOutcomeOverwrittenByTheNextSaveStillReachesTheWaiter)
   CKPTIO_ASSERT_OK(r0.coord->EndSave(6, "j.c1.3", OkStatus()));
 }
 
+// A waiter that looks only after retention removed its step: a clear
+// error saying so, not a wait for the deadline.
+TEST_P(CoordinationTest, AStepRetentionRemovedBeforeTheWaiterLookedIsReported) {
+  RankCtx r0, r1;
+  CKPTIO_ASSERT_OK(OpenRank(path_, 0, job_, mode(), &r0));
+  CKPTIO_ASSERT_OK(OpenRank(path_, 1, job_, mode(), &r1));
+  WriterOptions wo = RankZeroWriterOptions();
+  wo.keep_last = 1;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto writer, r0.store->OpenWriter(wo));
+  for (int64_t step : {5, 6}) {
+    const std::string attempt = "j.c1." + std::to_string(step);
+    CKPTIO_ASSERT_OK(r0.coord->BeginSave(step, attempt, milliseconds(2000)));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, writer->Begin(step));
+    CKPTIO_ASSERT_OK(pending->PutObject("data.bin", "x", 1));
+    CKPTIO_ASSERT_OK(pending->SetMetadata(kSaveAttemptKey, attempt));
+    CKPTIO_ASSERT_OK(pending->Commit().status());
+    CKPTIO_ASSERT_OK(r0.coord->EndSave(step, attempt, OkStatus()));
+  }
+  // One save behind: the record's prev_* names step 5 as committed.
+  const auto t0 = Clock::now();
+  Status gone = r1.coord->WaitSaved(5, "j.c1.5", milliseconds(5000));
+  EXPECT_EQ(gone.code(), Code::kNotFound) << gone;
+  EXPECT_NE(gone.message().find("retention"), std::string::npos) << gone;
+  // Two behind: rank 0 is at a later attempt.
+  CKPTIO_ASSERT_OK(r0.coord->BeginSave(7, "j.c1.7", milliseconds(2000)));
+  Status later = r1.coord->WaitSaved(5, "j.c1.5", milliseconds(5000));
+  EXPECT_EQ(later.code(), Code::kAborted) << later;
+  EXPECT_LT(Clock::now() - t0, milliseconds(3000)) << "waited for the deadline";
+  CKPTIO_ASSERT_OK(r0.coord->EndSave(7, "j.c1.7", OkStatus()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, CoordinationTest,
                          ::testing::Values(WaitMode::kManifest, WaitMode::kFileLock),
                          [](const ::testing::TestParamInfo<WaitMode>& param_info) {

@@ -163,8 +163,8 @@ if [ -n "$torch_root_only" ]; then
   without_config
 elif ! build_checks; then
   [ ! -f "$BUILD/build.ninja" ] || die "the build failed (above)"
-  echo "gpu-check: LibTorch's CMake config failed (above); again without it," \
-    "from $torch_root's headers and libraries"
+  echo "gpu-check: configuring failed (above); if LibTorch's CMake config was the cause," \
+    "this builds again without it, from $torch_root's headers and libraries"
   without_config
 fi
 

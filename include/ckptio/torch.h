@@ -167,9 +167,12 @@ struct LoadResult {
 class Checkpointer {
  public:
   // Rank 0 takes the store's writer lock for the Checkpointer's lifetime.
-  // Like collectives, Checkpointers of a store are opened in the same order
-  // on every rank, and every rank makes the same save and load calls: that
-  // is how the ranks name each save and load alike without talking.
+  // Like collectives, Checkpointers of a store (of a c10d store, in that
+  // wait mode) are opened in the same order on every rank, and every rank
+  // makes the same save and load calls: that is how the ranks name each
+  // save and load alike without talking. The job id must be fresh per
+  // launch: records an earlier launch left under the same id would pass for
+  // this one's.
   static Result<std::unique_ptr<Checkpointer>> Open(std::string_view uri, const RankInfo& rank,
                                                     CheckpointerOptions options = {});
   ~Checkpointer();
@@ -247,7 +250,8 @@ class Checkpointer {
   std::unique_ptr<Coordinator> coordinator_;
   // Names this Checkpointer's saves and load decisions in the job: a hash
   // of the job id and how many Checkpointers of the job this rank opened
-  // before (every rank opens its Checkpointers in the same order).
+  // before on the same store (or c10d store); every rank opens them in the
+  // same order.
   std::string scope_;
   uint64_t load_seq_ = 0;
   uint64_t save_seq_ = 0;

@@ -469,16 +469,19 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
 namespace {
 
 // "<16 hex of the job id's hash>.c<n>": the n-th Checkpointer of the job
-// this rank opened in this process (a job of one rank: c0, nobody to
-// agree with). Two Checkpointers of one job (model and EMA, on one store or
-// two sharing a TCPStore) never read each other's records or keys.
-std::string ScopeFor(const RankInfo& rank) {
+// this rank opened in this process on the coordination channel (the store
+// for file-based modes, the c10d store object for kStore); a job of one
+// rank: c0, nobody to agree with. Two Checkpointers of one job (model and
+// EMA, on one store or two sharing a TCPStore) never read each other's
+// records or keys, and one opened on some ranks only (rank 0's "best model"
+// store) shifts no other channel's count.
+std::string ScopeFor(const RankInfo& rank, const std::string& channel) {
   const std::string job = HashBytes(rank.job_id).Hex().substr(0, 16);
   if (rank.world_size == 1) return job + ".c0";
   static std::mutex mu;
   static auto* opened = new std::map<std::string, uint64_t>;  // never destroyed
   std::lock_guard<std::mutex> lock(mu);
-  const uint64_t n = ++(*opened)[std::to_string(rank.rank) + '\0' + job];
+  const uint64_t n = ++(*opened)[std::to_string(rank.rank) + '\0' + job + '\0' + channel];
   return job + ".c" + std::to_string(n);
 }
 
@@ -515,7 +518,12 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
         std::min<std::chrono::milliseconds>(c->options_.timeout, std::chrono::seconds(30));
     CKPTIO_ASSIGN_OR_RETURN(c->writer_, c->store_->OpenWriter(wo));
   }
-  c->scope_ = ScopeFor(rank);  // last: an Open that fails counts on no rank
+  // Last: an Open that fails counts on no rank.
+  c->scope_ = ScopeFor(
+      rank,
+      c->options_.wait == WaitMode::kStore
+          ? "c10d:" + std::to_string(reinterpret_cast<uintptr_t>(c->options_.c10d_store.get()))
+          : "store:" + shared->Uri());
   return c;
 }
 
@@ -553,10 +561,21 @@ Status Checkpointer::ConfirmCommitted(int64_t step) {
 
 std::string Checkpointer::NextAttempt() { return scope_ + "." + std::to_string(++save_seq_); }
 
+namespace {
+// The decisions of a striped save: rank 0's go-ahead, and rank r's receipt.
+std::string StripeGoName(const std::string& attempt) { return "stripe-go-" + attempt; }
+std::string StripeReceiptName(const std::string& attempt, int r) {
+  return "stripe-" + attempt + "-" + std::to_string(r);
+}
+}  // namespace
+
 Status Checkpointer::Abandon(int64_t step, const std::string& attempt, Status error) {
-  if (rank_.rank == 0 && rank_.world_size > 1) {
-    if (options_.stripe) (void)coordinator_->Publish("stripe-go-" + attempt, ErrorPayload(error));
+  if (rank_.world_size == 1) return error;
+  if (rank_.rank == 0) {
+    if (options_.stripe) (void)coordinator_->Publish(StripeGoName(attempt), ErrorPayload(error));
     (void)coordinator_->EndSave(step, attempt, error);
+  } else if (options_.stripe) {  // rank 0 waits for this rank's part
+    (void)coordinator_->Publish(StripeReceiptName(attempt, rank_.rank), ErrorPayload(error));
   }
   return error;
 }
@@ -703,12 +722,13 @@ Status Checkpointer::SaveNow(int64_t step, const std::string& attempt, const Sav
 // never reads an earlier attempt's receipts.
 Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const SavePlan& plan) {
   const std::string what = rank_.ToString() + ": striped save of step " + std::to_string(step);
-  const std::string go = "stripe-go-" + attempt;
-  auto receipt_of = [&](int r) { return "stripe-" + attempt + "-" + std::to_string(r); };
+  const std::string go = StripeGoName(attempt);
+  auto receipt_of = [&](int r) { return StripeReceiptName(attempt, r); };
   if (rank_.rank != 0) {
     auto started = coordinator_->WaitFor(go, options_.timeout);
-    if (!started.ok())
-      return started.status().WithContext(what + ": waiting for rank 0 to begin the step");
+    if (!started.ok())  // rank 0, late, must not wait for this rank's part in turn
+      return Abandon(step, attempt,
+                     started.status().WithContext(what + ": waiting for rank 0 to begin the step"));
     if (auto e = PayloadError(*started))
       return e->WithContext(what + ": rank 0 could not begin the step");
     Status wrote = [&]() -> Status {

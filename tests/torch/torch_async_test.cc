@@ -378,6 +378,39 @@ TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
   }
 }
 
+// In a striped save rank 0 waits for every rank's part. A rank that gives
+// up first (its wait for rank 0's go-ahead timed out; or, at its next save,
+// the previous one's error) sends an error in place of its part, so rank 0
+// fails at once instead of at its own deadline.
+TEST_F(AsyncSaveTest, AStripedRankThatGivesUpSendsAnErrorForItsPart) {
+  auto open = [&](int r, std::chrono::milliseconds timeout) {
+    RankInfo rank;
+    rank.world_size = rank.local_world_size = 2;
+    rank.rank = rank.local_rank = r;
+    rank.job_id = "stripe-give-up-test";
+    CheckpointerOptions o;
+    o.timeout = timeout;
+    o.stripe = true;
+    auto c = Checkpointer::Open(dir_.Sub("store"), rank, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto c1 = open(1, 300ms), c0 = open(0, 20s);
+  ASSERT_TRUE(c0 && c1);
+  Net net;
+  State state{{"model", net}};
+  EXPECT_EQ(c1->SaveAsync(1, state).get().code(), Code::kDeadlineExceeded);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c0->Save(1, state).code(), Code::kDeadlineExceeded) << "rank 1's error";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "rank 0 waited for its own deadline";
+  // Rank 1's next save returns that error (once) without saving: its part
+  // of save 2 is that error too.
+  EXPECT_EQ(c1->Save(2, state).code(), Code::kDeadlineExceeded);
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(c0->Save(2, state).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "rank 0 waited for its own deadline";
+}
+
 TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   // Both ranks stage their part and return; their background threads stripe
   // and commit; a change made right after the calls is not in the step.
