@@ -340,6 +340,34 @@ TEST_F(AsyncSaveTest, ASecondCheckpointerOfTheJobNeverReadsTheFirstsDecisions) {
   CKPTIO_EXPECT_OK(s1);
 }
 
+// The Checkpointers are counted per store: one that only rank 0 opens on
+// another store (a "best model" copy) leaves the ranks' names for the next
+// Checkpointer of this store in step.
+TEST_F(AsyncSaveTest, ACheckpointerOnlyRankZeroOpensElsewhereShiftsNoNames) {
+  auto open = [&](int r, const std::string& store) {
+    RankInfo rank;
+    rank.world_size = rank.local_world_size = 2;
+    rank.rank = rank.local_rank = r;
+    rank.job_id = "channel-test";
+    CheckpointerOptions o;
+    o.timeout = 3s;
+    auto c = Checkpointer::Open(store, rank, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto best = open(0, dir_.Sub("best-model"));  // rank 0 only
+  ASSERT_TRUE(best);
+  auto c1 = open(1, dir_.Sub("store")), c0 = open(0, dir_.Sub("store"));
+  ASSERT_TRUE(c0 && c1);
+  Net net;
+  State state{{"model", net}};
+  Status s1;
+  std::thread rank1([&] { s1 = c1->Save(4, state); });
+  CKPTIO_EXPECT_OK(c0->Save(4, state));
+  rank1.join();
+  EXPECT_TRUE(s1.ok()) << "the ranks named the save differently: " << s1;
+}
+
 // Rank 0 gives up on a save before it begins (here: the save lock stays
 // taken past its timeout). The other rank gets rank 0's error at once, not
 // after its own, much longer deadline; plain and striped.
