@@ -73,23 +73,28 @@ class AsyncSaveTest : public ::testing::Test {
 
   // Ranks 0 and 1 of a job of two, as two Checkpointers of this process
   // over the manifest signal (rank 0 through `rank0_backend` when given).
+  // Rank r of a job of two ranks, on `store`.
+  static std::unique_ptr<Checkpointer> RankOfTwo(int r, const std::string& job,
+                                                 const std::string& store, CheckpointerOptions o) {
+    RankInfo rank;
+    rank.world_size = rank.local_world_size = 2;
+    rank.rank = rank.local_rank = r;
+    rank.job_id = job;
+    auto c = Checkpointer::Open(store, rank, std::move(o));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
   std::pair<std::unique_ptr<Checkpointer>, std::unique_ptr<Checkpointer>> TwoRanks(
       const std::string& job, bool stripe, std::shared_ptr<StorageBackend> rank0_backend = {}) {
-    RankInfo r0, r1;
-    r0.world_size = r1.world_size = 2;
-    r0.local_world_size = r1.local_world_size = 2;
-    r1.rank = r1.local_rank = 1;
-    r0.job_id = r1.job_id = job;
     CheckpointerOptions o;
     o.timeout = 20s;
     o.stripe = stripe;
-    auto c1 = Checkpointer::Open(dir_.Sub("store"), r1, o);
-    EXPECT_TRUE(c1.ok()) << c1.status();
+    auto c1 = RankOfTwo(1, job, dir_.Sub("store"), o);
     o.backend = std::move(rank0_backend);
-    auto c0 = Checkpointer::Open(dir_.Sub("store"), r0, o);
-    EXPECT_TRUE(c0.ok()) << c0.status();
-    if (!c0.ok() || !c1.ok()) return {nullptr, nullptr};
-    return {std::move(*c0), std::move(*c1)};
+    auto c0 = RankOfTwo(0, job, dir_.Sub("store"), o);
+    if (!c0 || !c1) return {nullptr, nullptr};
+    return {std::move(c0), std::move(c1)};
   }
 
   static bool Ready(const std::future<Status>& f) {
@@ -265,13 +270,10 @@ TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
 // never saving, Poll turns from false to DeadlineExceeded once the timeout
 // since SaveNonBlocking passed, naming the step, the mode and rank 0.
 TEST_F(AsyncSaveTest, ANonBlockingTicketEndsAtTheDeadline) {
-  RankInfo r1;
-  r1.world_size = r1.local_world_size = 2;
-  r1.rank = r1.local_rank = 1;
-  r1.job_id = "ticket-deadline-test";
   CheckpointerOptions o;
   o.timeout = 1000ms;
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto c1, Checkpointer::Open(dir_.Sub("store"), r1, o));
+  auto c1 = RankOfTwo(1, "ticket-deadline-test", dir_.Sub("store"), o);
+  ASSERT_TRUE(c1);
   Net net;
   State state{{"model", net}};
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto ticket, c1->SaveNonBlocking(7, state));
@@ -344,16 +346,10 @@ TEST_F(AsyncSaveTest, ASecondCheckpointerOfTheJobNeverReadsTheFirstsDecisions) {
 // another store (a "best model" copy) leaves the ranks' names for the next
 // Checkpointer of this store in step.
 TEST_F(AsyncSaveTest, ACheckpointerOnlyRankZeroOpensElsewhereShiftsNoNames) {
+  CheckpointerOptions o;
+  o.timeout = 3s;
   auto open = [&](int r, const std::string& store) {
-    RankInfo rank;
-    rank.world_size = rank.local_world_size = 2;
-    rank.rank = rank.local_rank = r;
-    rank.job_id = "channel-test";
-    CheckpointerOptions o;
-    o.timeout = 3s;
-    auto c = Checkpointer::Open(store, rank, o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return RankOfTwo(r, "channel-test", store, o);
   };
   auto best = open(0, dir_.Sub("best-model"));  // rank 0 only
   ASSERT_TRUE(best);
@@ -376,17 +372,11 @@ TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
     SCOPED_TRACE(stripe ? "striped" : "plain");
     const std::string store = dir_.Sub(stripe ? "striped" : "plain");
     auto open = [&](int r, std::chrono::milliseconds timeout) {
-      RankInfo rank;
-      rank.world_size = rank.local_world_size = 2;
-      rank.rank = rank.local_rank = r;
-      rank.job_id = "abandon-test";
       CheckpointerOptions o;
       o.wait = WaitMode::kFileLock;
       o.timeout = timeout;
       o.stripe = stripe;
-      auto c = Checkpointer::Open(store, rank, o);
-      EXPECT_TRUE(c.ok()) << c.status();
-      return c.ok() ? std::move(*c) : nullptr;
+      return RankOfTwo(r, "abandon-test", store, o);
     };
     auto c0 = open(0, 300ms), c1 = open(1, 20s);
     ASSERT_TRUE(c0 && c1);
@@ -412,16 +402,10 @@ TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
 // fails at once instead of at its own deadline.
 TEST_F(AsyncSaveTest, AStripedRankThatGivesUpSendsAnErrorForItsPart) {
   auto open = [&](int r, std::chrono::milliseconds timeout) {
-    RankInfo rank;
-    rank.world_size = rank.local_world_size = 2;
-    rank.rank = rank.local_rank = r;
-    rank.job_id = "stripe-give-up-test";
     CheckpointerOptions o;
     o.timeout = timeout;
     o.stripe = true;
-    auto c = Checkpointer::Open(dir_.Sub("store"), rank, o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return RankOfTwo(r, "stripe-give-up-test", dir_.Sub("store"), o);
   };
   auto c1 = open(1, 300ms), c0 = open(0, 20s);
   ASSERT_TRUE(c0 && c1);
