@@ -493,7 +493,11 @@ struct WriterCore {
     return OkStatus();
   }
 
-  Result<std::vector<int64_t>> CollectGarbage(int keep_last, std::optional<int64_t> skip);
+  // `just_committed`: the step this writer has just committed, which counts
+  // as the good step (its bytes were hashed as they were written), so
+  // retention after a save reads nothing back.
+  Result<GcReport> CollectGarbage(int keep_last, std::optional<int64_t> just_committed,
+                                  const ProgressFn& progress);
 };
 }  // namespace
 
@@ -905,9 +909,9 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
 
   // 6. Retention.
   if (core.options.keep_last > 0) {
-    auto retired = core.CollectGarbage(core.options.keep_last, st.step);
+    auto retired = core.CollectGarbage(core.options.keep_last, st.step, {});
     if (retired.ok()) {
-      info.retired = std::move(*retired);
+      info.retired = std::move(retired->deleted);
     } else {
       info.retention = retired.status();
     }
@@ -915,8 +919,8 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
   return info;
 }
 
-Result<std::vector<int64_t>> WriterCore::CollectGarbage(int keep_last,
-                                                        std::optional<int64_t> skip) {
+Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t> just_committed,
+                                            const ProgressFn& progress) {
   if (keep_last < 1)
     return Status(Code::kInvalidArgument,
                   "keep_last must be at least 1 (got " + std::to_string(keep_last) + ")");
@@ -932,15 +936,33 @@ Result<std::vector<int64_t>> WriterCore::CollectGarbage(int keep_last,
     keep.insert(committed[i]);
   auto latest = LoadLatest(*backend);
   if (latest.ok() && latest->has_value()) keep.insert((*latest)->step);
-  if (skip) keep.insert(*skip);
-  std::vector<int64_t> deleted;
+  GcReport report;
+  if (just_committed) {
+    report.newest_good = *just_committed;
+  } else {
+    // Invariant 4 for steps that rotted after their commit: keep the newest
+    // one that still verifies, however old.
+    for (auto it = committed.rbegin(); it != committed.rend() && !report.newest_good; ++it) {
+      auto reader = store.OpenStep(*it);
+      Status v = reader.ok() ? (*reader)->Verify(progress) : reader.status();
+      if (v.ok()) {
+        report.newest_good = *it;
+      } else if (v.code() == Code::kDataLoss) {
+        report.corrupt.push_back({FsckProblem::Kind::kCorruptStep, *it, v.message()});
+      } else {
+        return v.WithContext("gc: verifying step " + std::to_string(*it) +
+                             " (nothing was deleted)");
+      }
+    }
+  }
+  if (report.newest_good) keep.insert(*report.newest_good);
   for (int64_t step : committed) {
     if (keep.count(step)) continue;
     CKPTIO_RETURN_IF_ERROR(
         DeleteStep(*backend, step).WithContext("retention: deleting step " + std::to_string(step)));
-    deleted.push_back(step);
+    report.deleted.push_back(step);
   }
-  return deleted;
+  return report;
 }
 
 struct StoreWriter::State {
@@ -981,8 +1003,8 @@ Result<std::unique_ptr<PendingCheckpoint>> StoreWriter::Begin(int64_t step) {
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(st)));
 }
 
-Result<std::vector<int64_t>> StoreWriter::CollectGarbage(int keep_last) {
-  return state_->core->CollectGarbage(keep_last, std::nullopt);
+Result<GcReport> StoreWriter::CollectGarbage(int keep_last, const ProgressFn& progress) {
+  return state_->core->CollectGarbage(keep_last, std::nullopt, progress);
 }
 
 // ---------------------------------------------------------------- store

@@ -549,6 +549,20 @@ TEST_F(CliTest, GcKeepOneLeavesExactlyOneStep) {
   EXPECT_EQ(StepsOf(LsJson()), (std::vector<int64_t>{20}));
 }
 
+// Step 20, the newest, is corrupt: gc --keep 1 keeps it (for fsck to judge)
+// and step 10, the newest that verifies, says so, and exits 1.
+TEST_F(CorruptStoreTest, GcKeepsTheNewestStepThatVerifies) {
+  RunResult r = Ckptio({"gc", store_, "--keep", "1"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.out.find("corrupt step 20: "), std::string::npos) << r;
+  EXPECT_NE(r.out.find("deleted step 0\n"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("step 10, the newest that verifies"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("ckptio fsck --repair"), std::string::npos) << r;
+  EXPECT_EQ(StepsOf(LsJson()), (std::vector<int64_t>{10, 20}));
+  RunResult v = Ckptio({"verify", store_, "10"});
+  EXPECT_EQ(v.exit_code, 0) << v;
+}
+
 // ---------------------------------------------------------------- manifest
 
 // Where the value of "checksum" lies in a MANIFEST.json: [begin, end).

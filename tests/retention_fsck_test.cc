@@ -64,8 +64,10 @@ TEST_F(RetentionFsckTest, RetentionNeverDeletesTheStepLatestNames) {
   ASSERT_TRUE(Save(*w, 100).ok());
   // Lower steps after a rollback: LATEST stays on 100.
   for (int64_t step : {10, 20, 30}) ASSERT_TRUE(Save(*w, step).ok());
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto deleted, w->CollectGarbage(1));
-  EXPECT_EQ(deleted, (std::vector<int64_t>{10, 20, 30}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, w->CollectGarbage(1));
+  EXPECT_EQ(gc.deleted, (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(gc.newest_good, 100);
+  EXPECT_TRUE(gc.corrupt.empty());
   EXPECT_EQ(Committed(), std::vector<int64_t>{100});
   EXPECT_EQ(w->CollectGarbage(0).status().code(), Code::kInvalidArgument);
 }
@@ -80,9 +82,43 @@ TEST_F(RetentionFsckTest, GcKeepsLatestEvenWhenItIsNotAmongTheNewest) {
   std::string latest = SerializeLatest({1, w->generation(), r1->manifest_hash()});
   CKPTIO_ASSERT_OK(latest_writer->Append(latest.data(), latest.size()));
   CKPTIO_ASSERT_OK(latest_writer->Commit());
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto deleted, w->CollectGarbage(1));
-  EXPECT_EQ(deleted, std::vector<int64_t>{2});
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, w->CollectGarbage(1));
+  EXPECT_EQ(gc.deleted, std::vector<int64_t>{2});
   EXPECT_EQ(Committed(), (std::vector<int64_t>{1, 3}));
+}
+
+// Invariant 4 when the newest steps rotted after their commit: gc keeps the
+// newest step that still verifies, however old, and reads only as far back
+// as it has to.
+TEST_F(RetentionFsckTest, GcKeepsTheNewestStepThatVerifiesWhenNewerOnesRotted) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  for (int64_t step : {1, 2, 3, 4, 5}) ASSERT_TRUE(Save(*w, step).ok());
+  testing::FlipBit(StepPath(5, "a.bin"), 1234, 3);
+  testing::FlipBit(StepPath(4, "b.bin"), 0, 0);
+  uint64_t read = 0;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, w->CollectGarbage(1, [&](uint64_t n) { read += n; }));
+  EXPECT_EQ(gc.newest_good, 3);
+  EXPECT_EQ(gc.deleted, (std::vector<int64_t>{1, 2, 4})) << "a corrupt step past the window goes";
+  ASSERT_EQ(gc.corrupt.size(), 2u);
+  EXPECT_EQ(gc.corrupt[0].step, 5);
+  EXPECT_EQ(gc.corrupt[1].step, 4);
+  EXPECT_NE(gc.corrupt[0].detail.find("a.bin"), std::string::npos) << gc.corrupt[0].detail;
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{3, 5}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r3, store_->OpenStep(3));
+  CKPTIO_EXPECT_OK(r3->Verify());
+  EXPECT_GT(read, 0u);
+  EXPECT_LE(read, 3 * 10001u) << "verified no further back than step 3";
+
+  // A clean store: only the newest step is read back.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+  ASSERT_TRUE(repaired.clean());
+  for (int64_t step : {6, 7}) ASSERT_TRUE(Save(*w, step).ok());
+  read = 0;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto clean, w->CollectGarbage(2, [&](uint64_t n) { read += n; }));
+  EXPECT_EQ(clean.newest_good, 7);
+  EXPECT_TRUE(clean.corrupt.empty());
+  EXPECT_EQ(clean.deleted, (std::vector<int64_t>{3}));
+  EXPECT_EQ(read, 10001u);
 }
 
 TEST_F(RetentionFsckTest, CleanStoreChecksClean) {

@@ -583,8 +583,8 @@ TEST_F(StoreTest, AStepRetiredWhileBeingReadIsNotFoundNotCorrupt) {
   ASSERT_TRUE(Save(*w, 1, {{"a", "one"}}).ok());
   ASSERT_TRUE(Save(*w, 2, {{"a", "two"}}).ok());
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto deleted, w->CollectGarbage(1));
-  ASSERT_EQ(deleted, std::vector<int64_t>{1});
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, w->CollectGarbage(1));
+  ASSERT_EQ(gc.deleted, std::vector<int64_t>{1});
   auto got = r->ReadAll("a");
   EXPECT_EQ(got.status().code(), Code::kNotFound) << got.status();
   EXPECT_NE(got.status().message().find("deleted"), std::string::npos) << got.status();

@@ -271,6 +271,13 @@ struct FsckReport {
   bool clean() const { return problems.empty(); }
 };
 
+// What StoreWriter::CollectGarbage did.
+struct GcReport {
+  std::vector<int64_t> deleted;        // ascending
+  std::optional<int64_t> newest_good;  // newest step that verifies (kept); none: no step does
+  std::vector<FsckProblem> corrupt;    // newer committed steps that failed verification
+};
+
 // The one writer of a store (holds the lock until destroyed).
 class StoreWriter {
  public:
@@ -287,8 +294,13 @@ class StoreWriter {
   Result<std::unique_ptr<PendingCheckpoint>> Begin(int64_t step);
 
   // Deletes all but the newest `keep_last` (>= 1) committed steps, never the
-  // one LATEST names. Returns the deleted steps, ascending.
-  Result<std::vector<int64_t>> CollectGarbage(int keep_last);
+  // one LATEST names and never the newest step that verifies: committed steps
+  // are verified newest first until one passes (usually just the newest; the
+  // progress callback counts the bytes read), so when the newest are corrupt
+  // an older good step survives. Corrupt steps are reported, not deleted
+  // (that is Repair's job). A read error other than DataLoss stops gc before
+  // it deletes anything.
+  Result<GcReport> CollectGarbage(int keep_last, const ProgressFn& progress = {});
 
   // Store::Check, then fixes what it found: points LATEST at the newest
   // verified step (or removes it when none), deletes corrupt steps

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -56,6 +57,7 @@ class Progress {
   }
   void Add(uint64_t n) {
     done_ += n;
+    total_ = std::max(total_, done_);  // more was read than expected (gc past a corrupt step)
     if (!enabled_) return;
     auto now = std::chrono::steady_clock::now();
     if (drawn_ && now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
@@ -380,11 +382,30 @@ int CmdGc(const std::string& uri, int keep, double wait_s) {
   wo.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
   auto writer = (*store)->OpenWriter(wo);
   if (!writer.ok()) return Fail(writer.status());
-  auto deleted = (*writer)->CollectGarbage(keep);
-  if (!deleted.ok()) return Fail(deleted.status());
-  for (int64_t s : *deleted) std::cout << "deleted step " << s << "\n";
-  std::cout << deleted->size() << " step(s) deleted, newest " << keep << " kept\n";
-  return kExitOk;
+  // gc verifies the newest step before deleting older ones: size the bar by it.
+  auto steps = (*store)->ListSteps();
+  if (!steps.ok()) return Fail(steps.status());
+  uint64_t newest_bytes = 0;
+  for (const auto& s : *steps)
+    if (s.state == StepState::kCommitted) newest_bytes = s.bytes;
+  Progress progress(newest_bytes);
+  auto gc = (*writer)->CollectGarbage(keep, progress.Fn());
+  progress.Done();
+  if (!gc.ok()) return Fail(gc.status());
+  bool corrupt_left = false;
+  for (const auto& p : gc->corrupt) {
+    std::cout << "corrupt step " << p.step << ": " << p.detail << "\n";
+    corrupt_left |= std::find(gc->deleted.begin(), gc->deleted.end(), p.step) == gc->deleted.end();
+  }
+  for (int64_t s : gc->deleted) std::cout << "deleted step " << s << "\n";
+  std::cout << gc->deleted.size() << " step(s) deleted, newest " << keep << " kept";
+  if (gc->newest_good && !gc->corrupt.empty())
+    std::cout << ", and step " << *gc->newest_good << ", the newest that verifies";
+  std::cout << "\n";
+  if (!gc->newest_good) std::cout << "no committed step verifies\n";
+  if (!corrupt_left) return kExitOk;
+  std::cout << "run `ckptio fsck --repair " << uri << "` to remove the corrupt steps\n";
+  return kExitBad;
 }
 
 // `ckptio export ...` runs ckptio-export from the same directory, so that
@@ -448,7 +469,8 @@ int Main(int argc, char** argv) {
                      "out.pt")
       ->allow_extras();
 
-  auto* gc = app.add_subcommand("gc", "Delete all but the newest N committed steps");
+  auto* gc = app.add_subcommand(
+      "gc", "Delete all but the newest N committed steps (never the newest that verifies)");
   gc->add_option("STORE", uri, "store URI or path")->required();
   gc->add_option("--keep", keep, "how many newest steps to keep (the LATEST one always stays)")
       ->required()
