@@ -105,7 +105,8 @@ struct State {
 // Where loaded tensors go.
 class MapLocation {
  public:
-  // cuda:LOCAL_RANK when CUDA is available, else CPU.
+  // cuda:LOCAL_RANK when CUDA is available (cuda:0 when the process sees
+  // one GPU: its own, under per-rank CUDA_VISIBLE_DEVICES), else CPU.
   static MapLocation Auto() { return MapLocation(); }
   static MapLocation To(torch::Device device);
   // "cpu", "cuda", "cuda:1"; InvalidArgument at Resolve if unparsable.
@@ -319,8 +320,9 @@ Status save(torch::nn::ModuleHolder<M>& module, std::string_view uri) {
   return save(static_cast<torch::nn::Module&>(*module), uri);
 }
 Status load(torch::nn::Module& module, std::string_view uri, torch::Device device = torch::kCPU);
-Status load(torch::optim::Optimizer& optimizer, std::string_view uri,
-            torch::Device device = torch::kCPU);
+// An optimizer's state goes where its parameters are unless told otherwise.
+Status load(torch::optim::Optimizer& optimizer, std::string_view uri);
+Status load(torch::optim::Optimizer& optimizer, std::string_view uri, torch::Device device);
 Status load(torch::Tensor& tensor, std::string_view uri, torch::Device device = torch::kCPU);
 template <typename M>
 Status load(torch::nn::ModuleHolder<M>& module, std::string_view uri,

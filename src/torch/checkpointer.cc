@@ -401,9 +401,12 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
   return staged;
 }
 
+void ApplyTensors(Staged& staged, State& state);
+
 // Applies a staged load. Optimizers first (the only step that can fail, on
 // an archive that does not fit): on failure every optimizer is restored and
 // nothing else was touched.
+
 Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInfo& rank) {
   std::vector<std::pair<torch::optim::Optimizer*, std::string>> backups;
   for (auto& staged_opt : staged.optimizers) {
@@ -427,19 +430,37 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
       return OkStatus();
     });
     if (!s.ok()) {
+      // LibTorch's load only adds and overwrites state entries: clear first,
+      // or what the failed load installed stays next to the restored state.
+      std::string restore_error;
       for (auto& [o, b] : backups) {
         try {
+          o->state().clear();
           torch::serialize::InputArchive in;
           in.load_from(b.data(), b.size());
           o->load(in);
-        } catch (const std::exception&) {
+        } catch (const std::exception& e) {
+          if (restore_error.empty()) restore_error = e.what();
         }
       }
       return s.WithContext(
-          "the checkpoint's optimizer state does not fit (optimizers restored, "
-          "modules untouched)");
+          restore_error.empty()
+              ? "the checkpoint's optimizer state does not fit (optimizers restored, modules "
+                "untouched)"
+              : "the checkpoint's optimizer state does not fit, and restoring an optimizer's "
+                "previous state failed too (" +
+                    restore_error +
+                    "): modules are untouched, but re-create the optimizers before training on");
     }
   }
+  return Guard("applying the loaded tensors (the module may be partly loaded)", [&] {
+    ApplyTensors(staged, state);
+    return OkStatus();
+  });
+}
+
+// The module and tensor part of Apply: nothing here is expected to fail.
+void ApplyTensors(Staged& staged, State& state) {
   torch::NoGradGuard no_grad;
   std::vector<CopyJob> memcpys;  // contiguous CPU parameters: copied on every core
   for (auto& [target, loaded] : staged.module_tensors) {
@@ -459,7 +480,6 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
   ParallelCopy(memcpys);
   for (auto& [target, loaded] : staged.tensors) *target = loaded;
   state.metadata = std::move(staged.metadata);
-  return OkStatus();
 }
 
 }  // namespace
@@ -967,8 +987,18 @@ RankInfo Single() {
 
 Status SaveOne(StateItem item, std::string_view uri) {
   CKPTIO_ASSIGN_OR_RETURN(auto ckpt, Checkpointer::Open(uri, Single()));
+  // After the newest step that has a manifest, not after LATEST: LATEST can
+  // lag a committed step (a crash before it moved) or be unreadable, and
+  // saving at a taken step fails every time.
+  int64_t step = 0;
+  auto steps = ckpt->store().ListStepsWithManifest();
+  if (steps.ok() && !steps->empty()) {
+    step = steps->back() + 1;
+  } else if (!steps.ok() && steps.status().code() != Code::kNotFound) {
+    return steps.status().WithContext("finding the next step of " + std::string(uri));
+  }
   auto latest = ckpt->store().ReadLatest();
-  int64_t step = latest.ok() && latest->has_value() ? (*latest)->step + 1 : 0;
+  if (latest.ok() && latest->has_value()) step = std::max(step, (*latest)->step + 1);
   State state;
   state.items.push_back(std::move(item));
   return ckpt->Save(step, state);
@@ -1023,6 +1053,9 @@ Status load(torch::nn::Module& module, std::string_view uri, torch::Device devic
 }
 Status load(torch::optim::Optimizer& optimizer, std::string_view uri, torch::Device device) {
   return LoadOne(StateItem("value", optimizer), uri, device);
+}
+Status load(torch::optim::Optimizer& optimizer, std::string_view uri) {
+  return load(optimizer, uri, torch::Device(DeviceOf(optimizer)));
 }
 Status load(torch::Tensor& tensor, std::string_view uri, torch::Device device) {
   return LoadOne(StateItem("value", tensor), uri, device);

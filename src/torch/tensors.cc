@@ -36,6 +36,19 @@ std::optional<torch::ScalarType> TypeOf(const std::string& name) {
   return std::nullopt;
 }
 
+// A BOOL byte other than 0 or 1 is undefined behaviour in LibTorch: refuse
+// it (the hashes only prove the bytes are what the writer wrote).
+Status CheckBools(const TensorEntry& entry, const void* data, uint64_t length) {
+  if (entry.dtype != "BOOL") return OkStatus();
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (uint64_t i = 0; i < length; ++i)
+    if (bytes[i] > 1)
+      return Status(Code::kDataLoss, "tensor " + entry.name + ": element " + std::to_string(i) +
+                                         " of a BOOL tensor is " + std::to_string(bytes[i]) +
+                                         ", not 0 or 1");
+  return OkStatus();
+}
+
 }  // namespace
 
 namespace {
@@ -190,6 +203,7 @@ Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& en
                                        std::to_string(entry.length) + " does not match its shape");
   if (entry.length > 0)
     CKPTIO_RETURN_IF_ERROR(reader.Read(entry.object, entry.offset, cpu.data_ptr(), entry.length));
+  CKPTIO_RETURN_IF_ERROR(CheckBools(entry, cpu.data_ptr(), entry.length));
   return OnDevice(cpu, entry, device);
 }
 
@@ -208,6 +222,7 @@ Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
   if (entry.offset > view->size() || entry.length > view->size() - entry.offset)
     return Status(Code::kDataLoss, "tensor " + entry.name + " lies outside its object");
   char* data = view->data() + entry.offset;
+  CKPTIO_RETURN_IF_ERROR(CheckBools(entry, data, entry.length));
   torch::Tensor cpu;
   if (entry.length == 0) {
     cpu = torch::empty(entry.shape, options);
@@ -284,6 +299,9 @@ Result<torch::Device> MapLocation::Resolve(const std::string& saved, const RankI
   if (fn_) return fn_(saved, rank);
   // Auto: this rank's own GPU, never the one the tensor was saved from.
   if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+  // One visible GPU is this process's own (Slurm --gpus-per-task=1, or a
+  // launcher setting CUDA_VISIBLE_DEVICES per rank), whatever LOCAL_RANK says.
+  if (torch::cuda::device_count() == 1) return torch::Device(torch::kCUDA, 0);
   torch::Device d(torch::kCUDA, static_cast<c10::DeviceIndex>(rank.local_rank));
   return Checked(d, d.str() + " (auto: LOCAL_RANK " + std::to_string(rank.local_rank) + ")");
 }

@@ -478,9 +478,11 @@ TEST_F(MapLocationTest, CudaAutoAndAFunctionLandOnTheRanksOwnDevice) {
   for (const MapLocation& map : maps) ExpectLandsOn(map, torch::Device("cuda:0"));
 }
 
-// Auto on a rank whose LOCAL_RANK names a GPU this machine lacks: a clear
-// error naming it, not a silent pile-up on cuda:0.
-TEST_F(MapLocationTest, CudaAutoForALocalRankWithoutItsGpuIsAClearError) {
+// Auto on a rank whose LOCAL_RANK names a GPU this process does not see:
+// with one visible GPU, that one is the rank's own (per-rank
+// CUDA_VISIBLE_DEVICES, Slurm --gpus-per-task=1); with several, a clear
+// error naming the missing one, not a silent pile-up on cuda:0.
+TEST_F(MapLocationTest, CudaAutoForALocalRankPastTheLastGpu) {
   CKPTIO_REQUIRE_CUDA();
   const int n = static_cast<int>(torch::cuda::device_count());
   // Ranks 0 and n of one job (in this process): rank 0 decides the step.
@@ -502,6 +504,11 @@ TEST_F(MapLocationTest, CudaAutoForALocalRankWithoutItsGpuIsAClearError) {
   CKPTIO_ASSERT_OK(rank0->Load(s0).status());
   EXPECT_EQ(m0.weight.device(), torch::Device("cuda:0"));
   auto got = last->Load(s);
+  if (n == 1) {
+    CKPTIO_ASSERT_OK(got.status());
+    EXPECT_EQ(m.weight.device(), torch::Device("cuda:0"));
+    return;
+  }
   EXPECT_EQ(got.status().code(), Code::kFailedPrecondition) << got.status();
   EXPECT_NE(got.status().message().find("cuda:" + std::to_string(n)), std::string::npos)
       << got.status();
@@ -546,6 +553,76 @@ TEST(TorchStateTest, AFailedLoadLeavesModelAndOptimizerUntouched) {
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("fc1.weight"), std::string::npos) << bad.status();
   EXPECT_TRUE(SameAs(other, snap));
+}
+
+// LibTorch's optimizer load only adds state entries; a failed load must
+// still leave every optimizer as it was, fresh (empty) ones included.
+TEST(TorchStateTest, AnOptimizerThatDoesNotFitLeavesEveryOptimizerAsItWas) {
+  TempDir dir;
+  Net net, other;
+  torch::optim::Adam a(net.parameters()), b(other.parameters());
+  Train(net, a, 2, 1);
+  Train(other, b, 2, 2);
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State saved{{"a", a}, {"b", b}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, saved));
+
+  Net net2;
+  torch::optim::Adam a2(net2.parameters());
+  auto fewer = net2.parameters();
+  fewer.pop_back();  // b's archive has one parameter more than b2: it does not fit
+  torch::optim::Adam b2(fewer);
+  State into{{"a", a2}, {"b", b2}};
+  auto got = ckpt->Load(into);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("optimizers restored"), std::string::npos) << got.status();
+  EXPECT_TRUE(a2.state().empty()) << "a's state, loaded before b failed, was left in a2";
+  EXPECT_TRUE(b2.state().empty());
+
+  // With state of its own, an optimizer gets exactly that back.
+  Train(net2, a2, 1, 3);
+  ASSERT_FALSE(a2.state().empty());
+  std::ostringstream before;
+  {
+    torch::serialize::OutputArchive out;
+    a2.save(out);
+    out.save_to(before);
+  }
+  EXPECT_FALSE(ckpt->Load(into).ok());
+  std::ostringstream after;
+  {
+    torch::serialize::OutputArchive out;
+    a2.save(out);
+    out.save_to(after);
+  }
+  EXPECT_EQ(before.str(), after.str());
+}
+
+// The one-line save picks the step after the newest committed one, even when
+// LATEST lags it (a crash before LATEST moved) or is unreadable.
+TEST(TorchStateTest, OneLineSaveCarriesOnWhenLatestLagsOrIsDamaged) {
+  TempDir dir;
+  const std::string uri = dir.Sub("one");
+  torch::Tensor x = torch::full({4}, 1.0f);
+  CKPTIO_ASSERT_OK(save(x, uri));
+  CKPTIO_ASSERT_OK(save(x, uri));
+  // LATEST back on step 0, as if the crash came before it named step 1.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(uri));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r0, store->OpenStep(0));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store->ReadLatest());
+  ASSERT_TRUE(latest.has_value());
+  testing::WriteFile(dir.Sub("one/LATEST"),
+                     SerializeLatest({0, latest->generation, r0->manifest_hash()}));
+  x = torch::full({4}, 2.0f);
+  CKPTIO_ASSERT_OK(save(x, uri));
+  testing::WriteFile(dir.Sub("one/LATEST"), "garbage");
+  x = torch::full({4}, 3.0f);
+  CKPTIO_ASSERT_OK(save(x, uri));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store->ListStepsWithManifest());
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 3}));
+  torch::Tensor y;
+  CKPTIO_ASSERT_OK(load(y, uri));
+  EXPECT_TRUE(BitEqual(y, torch::full({4}, 3.0f)));
 }
 
 TEST(TorchStateTest, LoadFallsBackToTheNewestGoodStepLoudly) {
@@ -654,6 +731,33 @@ TEST(TorchStateTest, MoreLooseTensorsThanTheManifestHasMetadataEntries) {
   }
 }
 
+// Bytes that verify can still be unloadable: a BOOL byte other than 0 or 1
+// (undefined behaviour in LibTorch) is refused on both read paths.
+TEST(TorchStateTest, BoolBytesOtherThanZeroOrOneAreRefused) {
+  TempDir dir;
+  torch::Tensor flags = torch::zeros({4}, torch::kBool);
+  static_cast<uint8_t*>(flags.data_ptr())[1] = 2;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State s{{"flags", flags}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, s));
+  for (bool mapped : {true, false}) {
+    SCOPED_TRACE(mapped ? "from the object view" : "read into memory");
+    torch::Tensor out;
+    State in{{"flags", out}};
+    LoadOptions o;
+    o.step = 1;
+    auto got = ckpt->Load(in, o);
+    if (!mapped) {
+      // The reader path (ReadTensor), as used by export.
+      CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, ckpt->store().OpenStep(1));
+      got = Status(ReadTensor(*r, r->manifest().tensors.at(0), torch::kCPU).status());
+    }
+    EXPECT_EQ(got.status().code(), Code::kDataLoss) << got.status();
+    EXPECT_NE(got.status().message().find("element 1 of a BOOL tensor is 2"), std::string::npos)
+        << got.status();
+  }
+}
+
 // Checkpoints written before loose tensors lost their metadata entries
 // (`ckptio.item.<name>` = "tensor") still load, and an entry whose tensor is
 // missing is damage.
@@ -729,6 +833,28 @@ TEST(TorchStateTest, CudaRoundTrip) {
   ASSERT_TRUE(ckpt->Load(in, o).ok());
   EXPECT_TRUE(out.is_cuda());
   EXPECT_TRUE(BitEqual(out, t));
+}
+
+// The one-line optimizer load puts the state where the parameters are (a
+// CPU default would break the first step() of a model on a GPU).
+TEST(TorchStateTest, CudaOneLineOptimizerLoadFollowsItsParameters) {
+  CKPTIO_REQUIRE_CUDA();
+  TempDir dir;
+  Net net;
+  net.to(torch::Device("cuda:0"));
+  torch::optim::Adam adam(net.parameters());
+  torch::manual_seed(1);
+  adam.zero_grad();
+  net.forward(torch::randn({32, 8}, torch::Device("cuda:0"))).pow(2).mean().backward();
+  adam.step();
+  CKPTIO_ASSERT_OK(save(adam, dir.Sub("opt")));
+  Net net2;
+  net2.to(torch::Device("cuda:0"));
+  torch::optim::Adam adam2(net2.parameters());
+  CKPTIO_ASSERT_OK(load(adam2, dir.Sub("opt")));
+  ASSERT_FALSE(adam2.state().empty());
+  for (const auto& [key, st] : adam2.state())
+    EXPECT_TRUE(static_cast<torch::optim::AdamParamState&>(*st).exp_avg().is_cuda()) << key;
 }
 
 // LibTorch >= 2.4 starts TCPStores on libuv unless told not to; builds
