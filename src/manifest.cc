@@ -539,7 +539,19 @@ std::string SerializeManifest(const Manifest& m) {
 
 Result<std::string> SerializeCheckedManifest(const Manifest& m, std::string_view where) {
   CKPTIO_RETURN_IF_ERROR(CheckManifest(m, where));
-  return SerializeManifest(m);
+  std::string bytes = SerializeManifest(m);
+  // Readers refuse a larger manifest: committing one would make a step that
+  // no load, fsck or gc can read.
+  if (bytes.size() > kMaxManifestBytes)
+    return Status(Code::kResourceExhausted,
+                  std::string(where) + ": the manifest would be " + std::to_string(bytes.size()) +
+                      " bytes, over the " + std::to_string(kMaxManifestBytes) +
+                      "-byte limit readers accept (" + std::to_string(m.objects.size()) +
+                      " objects, " + std::to_string(m.tensors.size()) + " tensors, " +
+                      std::to_string(m.metadata.size()) +
+                      " metadata entries): save fewer, larger tensors, less metadata, or use a "
+                      "larger chunk size");
+  return bytes;
 }
 
 Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {

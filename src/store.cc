@@ -28,8 +28,15 @@ std::string BaseName(std::string_view key) {
   return std::string(slash == std::string_view::npos ? key : key.substr(slash + 1));
 }
 
+// A temp object where ckptio writes: the top level, a step folder or
+// .coord/. Anything deeper or elsewhere is not ours to sweep.
 bool IsTempKey(std::string_view key) {
-  return BaseName(key).compare(0, kTempMarker.size(), kTempMarker) == 0;
+  if (BaseName(key).compare(0, kTempMarker.size(), kTempMarker) != 0) return false;
+  const size_t slash = key.find('/');
+  if (slash == std::string_view::npos) return true;
+  const std::string_view dir = key.substr(0, slash);
+  return key.find('/', slash + 1) == std::string_view::npos &&
+         (dir.rfind("step-", 0) == 0 || dir == ".coord");
 }
 
 std::string ManifestKey(int64_t step) {
@@ -871,8 +878,10 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
   auto serialized =
       SerializeCheckedManifest(m, StepDirName(st.step) + "/" + std::string(kManifestName));
   if (!serialized.ok())
-    return Status(Code::kInvalidArgument,
-                  what + ": the checkpoint is inconsistent: " + serialized.status().message());
+    return serialized.status().code() == Code::kResourceExhausted
+               ? serialized.status().WithContext(what)
+               : Status(Code::kInvalidArgument,
+                        what + ": the checkpoint is inconsistent: " + serialized.status().message());
   const std::string& bytes = *serialized;
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   CKPTIO_RETURN_IF_ERROR(
@@ -958,6 +967,8 @@ Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t
   if (report.newest_good) keep.insert(*report.newest_good);
   for (int64_t step : committed) {
     if (keep.count(step)) continue;
+    // Verifying can take long, and a lease lock can lapse meanwhile.
+    CKPTIO_RETURN_IF_ERROR(CheckFence());
     CKPTIO_RETURN_IF_ERROR(
         DeleteStep(*backend, step).WithContext("retention: deleting step " + std::to_string(step)));
     report.deleted.push_back(step);
@@ -1298,6 +1309,8 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
     break;
   }
   for (const auto& p : before.problems) {
+    // Checking took a while (every byte was read): still ours to change?
+    if (p.kind != FsckProblem::Kind::kBadLatest) CKPTIO_RETURN_IF_ERROR(core.CheckFence());
     switch (p.kind) {
       case FsckProblem::Kind::kCorruptStep:
         CKPTIO_RETURN_IF_ERROR(DeleteStep(backend, p.step));

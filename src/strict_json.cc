@@ -126,7 +126,8 @@ Result<json> ParseStrictJson(std::string_view bytes, int max_depth, std::string_
   if (!json::sax_parse(bytes.begin(), bytes.end(), &builder)) {
     if (!builder.duplicate.empty())
       return error("member \"" + Printable(builder.duplicate) + "\" appears twice");
-    return error("is not valid JSON (torn or corrupt): " + builder.error);
+    // nlohmann quotes the bytes it choked on: raw, maybe not UTF-8.
+    return error("is not valid JSON (torn or corrupt): " + Printable(builder.error));
   }
   return root;
 }

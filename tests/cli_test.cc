@@ -346,6 +346,28 @@ TEST_F(CliTest, GcOnMissingStoreFailsAndCreatesNothing) {
   EXPECT_NE(::stat(missing.c_str(), &st), 0) << "gc created " << missing;
 }
 
+// The store's parent (or any folder that is not a store) is refused by every
+// command: repair and gc there would take a lock in it and sweep the real
+// store's in-flight temp files below it.
+TEST_F(CliTest, AFolderThatIsNotAStoreIsRefusedAndLeftAlone) {
+  ASSERT_NO_FATAL_FAILURE(MakeStore());
+  const std::string parent = store_.substr(0, store_.rfind('/'));
+  const std::string live_temp = ObjectPath(20, ".ckptio-tmp.shard-0.bin.vm.1.2.live");
+  ::ckptio::testing::WriteFile(live_temp, "a live writer's temp");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"ls", parent}, std::vector<std::string>{"fsck", parent},
+        std::vector<std::string>{"fsck", parent, "--repair"},
+        std::vector<std::string>{"gc", parent, "--keep", "1"}}) {
+    RunResult r = Ckptio(args);
+    EXPECT_EQ(r.exit_code, 1) << r;
+    EXPECT_NE(r.err.find("is not a ckptio store"), std::string::npos) << r;
+  }
+  struct stat st;
+  EXPECT_NE(::stat((parent + "/.lock").c_str(), &st), 0) << "a lock was taken in the parent";
+  EXPECT_NE(::stat((parent + "/.writer").c_str(), &st), 0);
+  EXPECT_EQ(::stat(live_temp.c_str(), &st), 0) << "the store's temp was swept from its parent";
+}
+
 // ---------------------------------------------------------------- reading
 
 TEST_F(CliTest, LsListsCommittedStepsAndMarksLatest) {
@@ -525,6 +547,24 @@ TEST_F(CorruptStoreTest, FsckReportsThenRepairRetiresTheStep) {
 
   RunResult again = Ckptio({"fsck", store_});
   EXPECT_EQ(again.exit_code, 0) << again;
+}
+
+// A manifest damaged into bytes that are not UTF-8: the parse error quotes
+// them, and --json output must still be JSON (nlohmann's dump throws on
+// invalid UTF-8 by default).
+TEST_F(CliTest, JsonOutputSurvivesAManifestThatIsNotUtf8) {
+  ASSERT_NO_FATAL_FAILURE(MakeStore());
+  ::ckptio::testing::WriteFile(ObjectPath(20, "MANIFEST.json"), "{\"checksum\": \"\xff\xfe\x80");
+  json ls = LsJson();
+  EXPECT_NE(ls.dump().find("corrupt"), std::string::npos) << ls.dump(2);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"fsck", store_, "--json"},
+        std::vector<std::string>{"verify", store_, "--all", "--json"}}) {
+    RunResult r = Ckptio(args);
+    EXPECT_EQ(r.exit_code, 1) << r;
+    json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << args[0] << " --json printed invalid JSON:\n" << r;
+  }
 }
 
 // ---------------------------------------------------------------- gc

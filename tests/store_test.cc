@@ -578,6 +578,72 @@ TEST_F(StoreTest, AFencedWritersAbandonedCheckpointDeletesNothing) {
   EXPECT_EQ(w->CollectGarbage(1).status().code(), Code::kAborted) << "gc is fenced too";
 }
 
+// gc and repair read every byte before they delete (minutes on a big
+// store); a writer that took over meanwhile must not lose steps to them.
+TEST_F(StoreTest, GcAndRepairFencedWhileTheyVerifyDeleteNothing) {
+  auto w = Writer();
+  for (int64_t step : {1, 2, 3}) ASSERT_TRUE(Save(*w, step, {{"a", "step data"}}).ok());
+  ASSERT_EQ(::mkdir(dir_.Sub("store/step-000000000004").c_str(), 0755), 0);  // torn
+  testing::WriteFile(dir_.Sub("store/step-000000000004/a"), "half");
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, NewPosixBackend(dir_.Sub("store")));
+  bool taken = false;
+  auto take_over = [&](uint64_t) {
+    if (taken) return;
+    taken = true;
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto rec, other->NewObject(kWriterKey, WriteMode::kReplace));
+    std::string bytes = SerializeWriterRecord({w->generation() + 1, "elsewhere", 99, 0});
+    CKPTIO_ASSERT_OK(rec->Append(bytes.data(), bytes.size()));
+    CKPTIO_ASSERT_OK(rec->Commit());
+  };
+  EXPECT_EQ(w->CollectGarbage(1, take_over).status().code(), Code::kAborted);
+  ASSERT_TRUE(taken) << "gc verified nothing";
+  taken = false;
+  w.reset();
+  w = Writer();
+  EXPECT_EQ(w->Repair(take_over).status().code(), Code::kAborted);
+  ASSERT_TRUE(taken);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListSteps());
+  ASSERT_EQ(steps.size(), 4u) << "nothing deleted";
+  EXPECT_EQ(steps[3].state, StepState::kTorn);
+}
+
+// Opening a writer sweeps temp objects where ckptio writes them, and
+// nowhere else: not in folders a user keeps inside the store.
+TEST_F(StoreTest, TheStaleTempSweepStaysInCkptiosOwnFolders) {
+  { auto w = Writer(); }
+  const std::string ours[] = {"store/.ckptio-tmp.LATEST.h.1.2.dead",
+                              "store/.coord/.ckptio-tmp.save.h.1.2.dead"};
+  const std::string theirs = "store/notes/run/.ckptio-tmp.x.h.1.2.dead";
+  ASSERT_EQ(::mkdir(dir_.Sub("store/.coord").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir_.Sub("store/notes").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir_.Sub("store/notes/run").c_str(), 0755), 0);
+  for (const auto& f : ours) testing::WriteFile(dir_.Sub(f), "junk");
+  testing::WriteFile(dir_.Sub(theirs), "someone else's");
+  auto w = Writer();
+  EXPECT_EQ(w->stale_temps_removed(), 2u);
+  for (const auto& f : ours) EXPECT_NE(::access(dir_.Sub(f).c_str(), F_OK), 0) << f;
+  EXPECT_EQ(::access(dir_.Sub(theirs).c_str(), F_OK), 0);
+}
+
+// Every metadata value is within its limit, but together they make a
+// manifest over the 64 MiB readers accept: the commit is refused instead of
+// committing a step no one can read.
+TEST_F(StoreTest, AManifestOverTheReadLimitIsNotCommitted) {
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(1));
+  CKPTIO_ASSERT_OK(p->PutObject("a", "x", 1));
+  const std::string value(kMaxMetadataValueBytes, 'v');
+  for (size_t i = 0; i * kMaxMetadataValueBytes <= kMaxManifestBytes; ++i)
+    CKPTIO_ASSERT_OK(p->SetMetadata("k" + std::to_string(i), value));
+  auto info = p->Commit();
+  EXPECT_EQ(info.status().code(), Code::kResourceExhausted) << info.status();
+  EXPECT_NE(info.status().message().find("larger chunk size"), std::string::npos) << info.status();
+  p.reset();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListStepsWithManifest());
+  EXPECT_TRUE(steps.empty());
+  ASSERT_TRUE(Save(*w, 1, {{"a", "one"}}).ok()) << "the writer carries on";
+}
+
 TEST_F(StoreTest, AStepRetiredWhileBeingReadIsNotFoundNotCorrupt) {
   auto w = Writer();
   ASSERT_TRUE(Save(*w, 1, {{"a", "one"}}).ok());

@@ -297,9 +297,10 @@ class StoreWriter {
   // one LATEST names and never the newest step that verifies: committed steps
   // are verified newest first until one passes (usually just the newest; the
   // progress callback counts the bytes read), so when the newest are corrupt
-  // an older good step survives. Corrupt steps are reported, not deleted
-  // (that is Repair's job). A read error other than DataLoss stops gc before
-  // it deletes anything.
+  // an older good step survives. Corrupt steps are reported (those outside
+  // what is kept are deleted like any old step; Repair removes the rest). A
+  // read error other than DataLoss stops gc before it deletes anything, and
+  // the fence is checked again before each deletion.
   Result<GcReport> CollectGarbage(int keep_last, const ProgressFn& progress = {});
 
   // Store::Check, then fixes what it found: points LATEST at the newest

@@ -27,6 +27,10 @@ constexpr int kExitOk = 0;
 constexpr int kExitBad = 1;
 constexpr int kExitUsage = 2;
 
+// JSON output never throws: text that is not UTF-8 (a corrupt name quoted
+// in an error) becomes U+FFFD.
+std::string Dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace); }
+
 int Fail(const Status& s) {
   std::cerr << "ckptio: " << s << "\n";
   return s.code() == Code::kInvalidArgument ? kExitUsage : kExitBad;
@@ -79,11 +83,29 @@ class Progress {
 };
 
 // Opens a store that must already exist: reading, repairing or trimming a
-// mistyped path must not create an empty store.
+// mistyped path must not create an empty store, nor take a folder that
+// merely exists (the parent of the store, say) for one.
 Result<std::unique_ptr<Store>> OpenExisting(const std::string& uri) {
   CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(uri));
-  CKPTIO_RETURN_IF_ERROR(store->backend().List("").status());  // NotFound: no store
-  return store;
+  CKPTIO_ASSIGN_OR_RETURN(auto keys, store->backend().List(""));  // NotFound: no store
+  for (const auto& key : keys)
+    if (key == kLatestKey || key == kWriterKey || key == kLockKey || key.rfind("step-", 0) == 0)
+      return store;
+  return Status(Code::kNotFound,
+                store->uri() + " is not a ckptio store: it holds no LATEST, .writer or step-* " +
+                    (keys.empty() ? "(it is empty)" : "folder (is it the store's parent?)") +
+                    "; check the path");
+}
+
+// The writer lock for repair and gc, waiting up to --wait seconds.
+Result<std::unique_ptr<StoreWriter>> OpenWriterWaiting(Store& store, double wait_s) {
+  WriterOptions wo;
+  wo.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
+  auto writer = store.OpenWriter(wo);
+  const Status& s = writer.status();
+  if (s.message().find("already has a writer") != std::string::npos)
+    return Status(s.code(), s.message() + " (here: --wait SECONDS waits for it)");
+  return writer;
 }
 
 Result<uint64_t> CommittedBytes(Store& store) {
@@ -177,7 +199,7 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
     }
   }
   if (as_json) {
-    std::cout << json{{"store", (*store)->uri()}, {"steps", out}}.dump(2) << "\n";
+    std::cout << Dump(json{{"store", (*store)->uri()}, {"steps", out}}) << "\n";
   } else if (steps->empty()) {
     std::cout << "(no checkpoints in " << (*store)->uri() << ")\n";
   }
@@ -256,7 +278,7 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
   if (as_json) {
     json j = {{"store", (*store)->uri()}, {"ok", ok}, {"steps", out}};
     if (!latest_error.empty()) j["latest_error"] = latest_error;
-    std::cout << j.dump(2) << "\n";
+    std::cout << Dump(j) << "\n";
   } else
     std::cout << (ok ? "all verified steps are good\n"
                      : "corruption found: run `ckptio fsck --repair " + uri +
@@ -280,18 +302,17 @@ int CmdInspect(const std::string& uri, const std::string& step_text, bool as_jso
                          {"chunk_size", o.chunk_size},
                          {"chunks", o.chunks.size()},
                          {"xxh3_128", o.hash.Hex()}});
-    std::cout << json{{"store", (*store)->uri()},
-                      {"step", m.step},
-                      {"generation", m.generation},
-                      {"world_size", m.world_size},
-                      {"saving_rank", m.saving_rank},
-                      {"created_unix_ms", m.created_unix_ms},
-                      {"writer", m.writer},
-                      {"manifest_xxh3_128", (*reader)->manifest_hash().Hex()},
-                      {"bytes", m.TotalBytes()},
-                      {"objects", objects},
-                      {"metadata", m.metadata}}
-                     .dump(2)
+    std::cout << Dump(json{{"store", (*store)->uri()},
+                           {"step", m.step},
+                           {"generation", m.generation},
+                           {"world_size", m.world_size},
+                           {"saving_rank", m.saving_rank},
+                           {"created_unix_ms", m.created_unix_ms},
+                           {"writer", m.writer},
+                           {"manifest_xxh3_128", (*reader)->manifest_hash().Hex()},
+                           {"bytes", m.TotalBytes()},
+                           {"objects", objects},
+                           {"metadata", m.metadata}})
               << "\n";
     return kExitOk;
   }
@@ -300,7 +321,7 @@ int CmdInspect(const std::string& uri, const std::string& step_text, bool as_jso
       "created     {}\nwriter      {}\nmanifest    xxh3-128 {}\nsize        {} in {} "
       "object(s)\n\n",
       (*store)->uri(), m.step, m.generation, m.saving_rank, m.world_size,
-      FormatTime(m.created_unix_ms), m.writer, (*reader)->manifest_hash().Hex(),
+      FormatTime(m.created_unix_ms), Printable(m.writer), (*reader)->manifest_hash().Hex(),
       HumanBytes(m.TotalBytes()), m.objects.size());
   std::cout << fmt::format("{:<32} {:>12} {:>7}  {}\n", "OBJECT", "SIZE", "CHUNKS", "XXH3-128");
   for (const auto& o : m.objects)
@@ -351,9 +372,7 @@ int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
   Progress progress(*total);
   Result<FsckReport> report = Status(Code::kInternal, "unset");
   if (repair) {
-    WriterOptions wo;
-    wo.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
-    auto writer = (*store)->OpenWriter(wo);
+    auto writer = OpenWriterWaiting(**store, wait_s);
     if (!writer.ok()) return Fail(writer.status());
     report = (*writer)->Repair(progress.Fn());
   } else {
@@ -364,7 +383,7 @@ int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
   if (as_json) {
     json j = ReportJson(*report);
     j["store"] = (*store)->uri();
-    std::cout << j.dump(2) << "\n";
+    std::cout << Dump(j) << "\n";
   } else {
     PrintReport(*report);
     std::cout << (report->clean() ? "store is clean\n"
@@ -378,9 +397,7 @@ int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
 int CmdGc(const std::string& uri, int keep, double wait_s) {
   auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
-  WriterOptions wo;
-  wo.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
-  auto writer = (*store)->OpenWriter(wo);
+  auto writer = OpenWriterWaiting(**store, wait_s);
   if (!writer.ok()) return Fail(writer.status());
   // gc verifies the newest step before deleting older ones: size the bar by it.
   auto steps = (*store)->ListSteps();
@@ -461,7 +478,7 @@ int Main(int argc, char** argv) {
                  "steps and stale temps (never a step that verifies)");
   fsck->add_flag("--json", as_json, "machine-readable output");
   fsck->add_option("--wait", wait_s, "seconds to wait for the writer lock with --repair")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e6));  // seconds; more overflows the deadline
 
   // Parsed by ckptio-export; listed here for --help.
   app.add_subcommand("export",
@@ -476,7 +493,7 @@ int Main(int argc, char** argv) {
       ->required()
       ->check(CLI::Range(1, 1000000));
   gc->add_option("--wait", wait_s, "seconds to wait for the writer lock")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e6));  // seconds; more overflows the deadline
 
   try {
     app.parse(argc, argv);
