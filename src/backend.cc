@@ -35,8 +35,9 @@ Status ValidateKey(std::string_view key) {
     if (part == "." || part == "..") return bad("'.' and '..' are not allowed");
     if (part.size() > kMaxKeyComponent) return bad("a component is longer than 200 bytes");
     if (part.substr(0, 4) == ".nfs")
-      return bad("names starting with .nfs are reserved (a kernel NFS client renames files "
-                 "deleted while open to .nfsXXXX; listings skip them)");
+      return bad(
+          "names starting with .nfs are reserved (a kernel NFS client renames files "
+          "deleted while open to .nfsXXXX; listings skip them)");
     for (char c : part) {
       if (!IsKeyChar(c)) return bad("only [A-Za-z0-9._-] and '/' between components are allowed");
     }
@@ -60,20 +61,46 @@ Result<Uri> Uri::Parse(std::string_view text) {
   if (text.empty()) return bad("empty");
   if (text.find('\0') != std::string_view::npos) return bad("contains NUL");
   Uri uri;
-  size_t sep = text.find("://");
-  if (sep == std::string_view::npos) {
-    // A plain path.
-    uri.scheme = "file";
-    uri.path = std::string(text);
-    return uri;
+  auto lower = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    return s;
+  };
+  // What looks like a URI but lacks the "//": "<scheme>:/..." where the
+  // scheme is one that could be registered ([A-Za-z0-9+.-]+, case-folded)
+  // and the ':' is followed by one '/'. Taken as a plain path, "nfs:/filer/x"
+  // would quietly become the local directory ./nfs:/filer/x, so it is
+  // refused, except "file:/abs" (RFC 8089's short form of file:///abs),
+  // which is the path /abs. A ':' not followed by '/' ("run:1/x") is part of
+  // a plain path.
+  size_t colon = text.find(':');
+  std::string_view rest;
+  if (colon != std::string_view::npos && colon > 0 && colon + 1 < text.size() &&
+      text[colon + 1] == '/' && text.compare(colon + 1, 2, "//") != 0) {
+    std::string scheme = lower(std::string(text.substr(0, colon)));
+    if (std::all_of(scheme.begin(), scheme.end(), IsSchemeChar)) {
+      std::string_view after = text.substr(colon + 1);  // "/..."
+      if (scheme != "file")
+        return bad("a URI needs \"//\" after the scheme: write " + scheme + ":/" +
+                   Printable(after) + " (host first), or ./" + Printable(text) +
+                   " for a local directory of that name");
+      uri.scheme = scheme;
+      rest = after;  // no authority: the rest is the path (and query)
+    }
   }
-  std::string scheme(text.substr(0, sep));
-  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
-  if (scheme.empty() || !std::all_of(scheme.begin(), scheme.end(), IsSchemeChar))
-    return bad("the scheme must be letters, digits, '+', '.' or '-'");
-  uri.scheme = scheme;
-  std::string_view rest = text.substr(sep + 3);
+  if (uri.scheme.empty()) {
+    size_t sep = text.find("://");
+    if (sep == std::string_view::npos) {
+      // A plain path.
+      uri.scheme = "file";
+      uri.path = std::string(text);
+      return uri;
+    }
+    std::string scheme = lower(std::string(text.substr(0, sep)));
+    if (scheme.empty() || !std::all_of(scheme.begin(), scheme.end(), IsSchemeChar))
+      return bad("the scheme must be letters, digits, '+', '.' or '-'");
+    uri.scheme = scheme;
+    rest = text.substr(sep + 3);
+  }
   size_t q = rest.find('?');
   std::string_view query;
   if (q != std::string_view::npos) {

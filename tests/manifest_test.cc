@@ -1355,6 +1355,38 @@ TEST(UriTest, RejectsMalformedUris) {
   EXPECT_TRUE(IsError(Uri::Parse("nfs://s/p?=3").status(), kIA, {"no name"}));
 }
 
+// "<scheme>:/..." without the "//" is not a plain path: taken as one,
+// "nfs:/filer/export" would write to the local directory ./nfs:/filer/export.
+// It is refused, saying what to write, except RFC 8089's file:/abs, which is
+// the path /abs. A ':' not followed by '/' stays part of a plain path.
+TEST(UriTest, SchemeWithoutDoubleSlashIsNotAPlainPath) {
+  const Code kIA = Code::kInvalidArgument;
+  EXPECT_TRUE(IsError(Uri::Parse("nfs:/filer/export").status(), kIA,
+                      {"nfs:/filer/export", "//", "nfs://filer/export", "./nfs:/filer/export"}));
+  EXPECT_TRUE(IsError(Uri::Parse("NFS:/filer/export").status(), kIA, {"nfs://filer/export"}));
+  EXPECT_TRUE(IsError(Uri::Parse("s3:/bucket").status(), kIA, {"s3://bucket"}));
+  EXPECT_TRUE(IsError(Uri::Parse("my+fs.v2:/x").status(), kIA, {"my+fs.v2://x"}));
+  EXPECT_TRUE(IsError(Uri::Parse("nfs:/").status(), kIA, {"//"}));
+
+  for (const char* text : {"file:/ckpt/run", "FILE:/ckpt/run"}) {
+    auto f = Uri::Parse(text);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->scheme, "file");
+    EXPECT_EQ(f->authority, "");
+    EXPECT_EQ(f->path, "/ckpt/run");
+    EXPECT_TRUE(f->params.empty());
+  }
+
+  // Colons elsewhere are plain path characters.
+  for (const char* text :
+       {"run:1/x", "run:1", "./nfs:/filer/export", "a/nfs:/x", "nfs:filer", "/ckpt/step:5"}) {
+    auto u = Uri::Parse(text);
+    ASSERT_TRUE(u.ok()) << text << ": " << u.status();
+    EXPECT_EQ(u->scheme, "file") << text;
+    EXPECT_EQ(u->path, text);
+  }
+}
+
 // A backend that does nothing; the registry tests only need its identity.
 class NullBackend : public StorageBackend {
  public:

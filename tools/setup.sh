@@ -11,7 +11,7 @@ export CKPTIO_ROOT BUILD_DIR
 
 PACKAGES=(
   cmake ninja-build g++ ccache pkg-config
-  libboost-filesystem-dev libboost-dev   # Boost.Filesystem, Boost.Interprocess
+  libboost-filesystem-dev libboost-dev   # Boost.Filesystem (tests)
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev               # LibTorch 1.13 with c10d (TCPStore, Gloo)

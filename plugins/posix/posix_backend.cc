@@ -3,15 +3,16 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <boost/interprocess/exceptions.hpp>
-#include <boost/interprocess/sync/file_lock.hpp>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -60,6 +61,53 @@ int PosixFs::UnlinkAt(int dirfd, const char* name, int flags) {
   return ::unlinkat(dirfd, name, flags);
 }
 
+// statfs(2) magics of network file systems that <linux/magic.h> lacks or
+// that older kernels' headers lack.
+#ifndef CIFS_SUPER_MAGIC
+#define CIFS_SUPER_MAGIC 0xFF534D42
+#endif
+#ifndef SMB2_SUPER_MAGIC
+#define SMB2_SUPER_MAGIC 0xFE534D42
+#endif
+#ifndef CEPH_SUPER_MAGIC
+#define CEPH_SUPER_MAGIC 0x00C36400
+#endif
+#ifndef AFS_FS_MAGIC
+#define AFS_FS_MAGIC 0x6B414653
+#endif
+#ifndef NCP_SUPER_MAGIC
+#define NCP_SUPER_MAGIC 0x564C
+#endif
+#define CKPTIO_LUSTRE_SUPER_MAGIC 0x0BD00BD0
+#define CKPTIO_GPFS_SUPER_MAGIC 0x47504653
+#define CKPTIO_BEEGFS_SUPER_MAGIC 0x19830326
+#define CKPTIO_ORANGEFS_SUPER_MAGIC 0x20030528
+
+bool IsNetworkFileSystem(uint64_t f_type) {
+  // Compared as 32 bits: f_type is a signed long, and on 32-bit builds the
+  // magics with the top bit set (CIFS, SMB2) come back negative.
+  switch (static_cast<uint32_t>(f_type)) {
+    case NFS_SUPER_MAGIC:   // NFS v2-v4
+    case SMB_SUPER_MAGIC:   // smbfs
+    case CIFS_SUPER_MAGIC:  // cifs.ko
+    case SMB2_SUPER_MAGIC:  // cifs.ko speaking SMB2/3
+    case FUSE_SUPER_MAGIC:  // sshfs, s3fs, gcsfuse, GlusterFS, ... (and fuseblk)
+    case V9FS_MAGIC:        // 9P (virtio-9p, WSL)
+    case CEPH_SUPER_MAGIC:  // CephFS kernel client
+    case AFS_SUPER_MAGIC:
+    case AFS_FS_MAGIC:
+    case CODA_SUPER_MAGIC:
+    case NCP_SUPER_MAGIC:
+    case CKPTIO_LUSTRE_SUPER_MAGIC:
+    case CKPTIO_GPFS_SUPER_MAGIC:
+    case CKPTIO_BEEGFS_SUPER_MAGIC:
+    case CKPTIO_ORANGEFS_SUPER_MAGIC:
+      return true;
+    default:
+      return false;
+  }
+}
+
 namespace {
 
 constexpr size_t kWriteBuffer = 1 << 20;
@@ -93,6 +141,23 @@ class UniqueFd {
 Status SyncFd(PosixFs& fs, int fd, const std::string& path) {
   if (fs.Fsync(fd) != 0) return ErrnoToStatus(errno, "fsync " + path);
   return OkStatus();
+}
+
+// What a file that is not a regular file is, for messages.
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "of an unknown file type";
+}
+
+Status NotRegular(const std::string& path, mode_t mode) {
+  return Status(Code::kFailedPrecondition,
+                path + " is " + FileKind(mode) +
+                    ", not a regular file: ckptio stores only regular files; remove it");
 }
 
 // Whether `a` and `b` in directory `dirfd` name the same file.
@@ -131,25 +196,27 @@ std::set<FileId>& HeldLocks() {
   return s;
 }
 
+// A whole-file fcntl lock (F_SETLK: owned by the process, released by the
+// kernel when the process dies) on the one descriptor of the file that this
+// process has open.
 class PosixLock : public BackendLock {
  public:
-  PosixLock(FileId id, boost::interprocess::file_lock lock) : id_(id), lock_(std::move(lock)) {}
+  PosixLock(FileId id, UniqueFd fd) : id_(id), fd_(std::move(fd)) {}
   ~PosixLock() override {
     // Unlock and close under the registry mutex: once the id is erased,
     // another thread may lock the file, and our close() would drop that lock.
     std::lock_guard<std::mutex> g(HeldLocksMutex());
-    try {
-      lock_.unlock();  // F_UNLCK releases either mode
-    } catch (...) {
-    }
-    boost::interprocess::file_lock closing(std::move(lock_));
-    (void)closing;  // its descriptor closes here, before the erase
+    struct flock unlock {};
+    unlock.l_type = F_UNLCK;  // releases either mode
+    unlock.l_whence = SEEK_SET;
+    (void)::fcntl(fd_.get(), F_SETLK, &unlock);
+    fd_.Reset();  // before the erase
     HeldLocks().erase(id_);
   }
 
  private:
   FileId id_;
-  boost::interprocess::file_lock lock_;
+  UniqueFd fd_;
 };
 
 class PosixBackend;
@@ -278,6 +345,16 @@ class PosixReader : public ObjectReader {
   uint64_t Size() const override { return size_; }
   Result<std::unique_ptr<ObjectView>> Map() override {
     if (size_ == 0) return std::unique_ptr<ObjectView>(new PosixMap(nullptr, 0));
+    // Map only on local file systems. On a network file system a file that
+    // another client deletes (retention on another host, `ckptio gc`) goes
+    // stale under the map: the next touch of an evicted page raises SIGBUS
+    // (ESTALE). Reading into memory fails cleanly instead; Unimplemented
+    // tells the caller to do that.
+    struct statfs fs_info;
+    if (::fstatfs(fd_.get(), &fs_info) != 0) return ErrnoToStatus(errno, "fstatfs " + path_);
+    if (IsNetworkFileSystem(static_cast<uint64_t>(fs_info.f_type)))
+      return Status(Code::kUnimplemented,
+                    path_ + " is on a network file system: not mapped, read instead");
     // Writable but private: tensors made from the map may be written to
     // without touching the file (each written page is copied then).
     void* addr = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_.get(), 0);
@@ -369,15 +446,22 @@ class PosixBackend : public StorageBackend {
   Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
     CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
     CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, false));
-    int fd = fs().OpenAt(dir.get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+    // O_NONBLOCK: opening a FIFO (or a tty) planted under the name would
+    // otherwise wait for a writer forever; the fstat below refuses it.
+    int fd =
+        fs().OpenAt(dir.get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
     if (fd < 0) return ErrnoToStatus(errno, "open " + k.path);
     UniqueFd file(fd);
     struct stat st;
     if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat " + k.path);
     if (S_ISDIR(st.st_mode))
       return Status(Code::kNotFound, k.path + " is a directory, not an object");
-    if (!S_ISREG(st.st_mode))
-      return Status(Code::kFailedPrecondition, k.path + " is not a regular file");
+    if (!S_ISREG(st.st_mode)) return NotRegular(k.path, st.st_mode);
+    // Regular files ignore O_NONBLOCK, but some FUSE file systems do not:
+    // read them blocking, as before.
+    int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+      return ErrnoToStatus(errno, "fcntl " + k.path);
     return std::unique_ptr<ObjectReader>(
         std::make_unique<PosixReader>(std::move(file), static_cast<uint64_t>(st.st_size), k.path));
   }
@@ -453,10 +537,16 @@ class PosixBackend : public StorageBackend {
     if (::fstatat(dir->get(), k.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       return errno == ENOENT ? Result<bool>(false) : ErrnoToStatus(errno, "stat " + k.path);
     if (HeldLocks().count({st.st_dev, st.st_ino})) return true;
+    if (!S_ISREG(st.st_mode)) return NotRegular(k.path, st.st_mode);
     // Safe to open and close: this process holds no lock on the file (and
-    // cannot take one meanwhile: the registry mutex is held).
-    UniqueFd fd(fs().OpenAt(dir->get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0));
+    // cannot take one meanwhile: the registry mutex is held). O_NONBLOCK: a
+    // FIFO put there since the fstatat would block the open forever.
+    UniqueFd fd(
+        fs().OpenAt(dir->get(), k.base.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0));
     if (fd.get() < 0) return ErrnoToStatus(errno, "open lock file " + k.path);
+    struct stat opened;
+    if (::fstat(fd.get(), &opened) != 0) return ErrnoToStatus(errno, "fstat " + k.path);
+    if (!S_ISREG(opened.st_mode)) return NotRegular(k.path, opened.st_mode);
     struct flock probe {};
     probe.l_type = F_WRLCK;
     probe.l_whence = SEEK_SET;
@@ -484,20 +574,49 @@ class PosixBackend : public StorageBackend {
         return ErrnoToStatus(errno, "stat lock file " + k.path);
     }
     if (S_ISLNK(st.st_mode)) return ErrnoToStatus(ELOOP, "open lock file " + k.path);
-    if (!S_ISREG(st.st_mode))
-      return Status(Code::kFailedPrecondition, k.path + " is not a regular file");
+    if (!S_ISREG(st.st_mode)) return NotRegular(k.path, st.st_mode);
     const FileId id{st.st_dev, st.st_ino};
     if (HeldLocks().count(id))
       return Status(Code::kFailedPrecondition, k.path + " is already locked by this process");
-    try {
-      boost::interprocess::file_lock lock(k.path.c_str());
-      bool got = mode == LockMode::kExclusive ? lock.try_lock() : lock.try_lock_sharable();
-      if (!got) return Status(Code::kFailedPrecondition, k.path + " is locked by another process");
-      HeldLocks().insert(id);
-      return std::unique_ptr<BackendLock>(std::make_unique<PosixLock>(id, std::move(lock)));
-    } catch (const boost::interprocess::interprocess_exception& e) {
-      return Status(Code::kUnavailable, "lock " + k.path + ": " + e.what());
+    // Open it relative to the directory already walked, never by path again
+    // (a symlink swapped in is ELOOP). Read-write: an exclusive fcntl lock
+    // needs a writable descriptor. O_NONBLOCK only keeps a FIFO swapped in
+    // from blocking the open; fcntl locks ignore it. Not through fs(): that
+    // models what a power cut keeps, and taking a lock changes nothing.
+    UniqueFd fd(::openat(dir.get(), k.base.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (fd.get() < 0) return ErrnoToStatus(errno, "open lock file " + k.path);
+    struct stat opened;
+    if (::fstat(fd.get(), &opened) != 0) return ErrnoToStatus(errno, "fstat " + k.path);
+    const FileId opened_id{opened.st_dev, opened.st_ino};
+    if (opened_id != id) {
+      // Replaced since the fstatat. If by a file this process has locked,
+      // closing this descriptor would drop that lock: keep it open.
+      if (HeldLocks().count(opened_id)) {
+        (void)fd.Release();
+        return Status(Code::kFailedPrecondition, k.path + " is already locked by this process");
+      }
+      return Status(Code::kUnavailable, k.path + " was replaced while being locked; try again");
     }
+    if (!S_ISREG(opened.st_mode)) return NotRegular(k.path, opened.st_mode);
+    struct flock want {};
+    want.l_type = mode == LockMode::kExclusive ? F_WRLCK : F_RDLCK;
+    want.l_whence = SEEK_SET;  // l_start = l_len = 0: the whole file
+    int rc;
+    while ((rc = ::fcntl(fd.get(), F_SETLK, &want)) != 0 && errno == EINTR) {
+    }
+    if (rc != 0) {
+      // POSIX allows either errno for a conflicting holder.
+      if (errno == EAGAIN || errno == EACCES)
+        return Status(Code::kFailedPrecondition, k.path + " is locked by another process");
+      if (errno == ENOLCK)
+        return Status(Code::kUnavailable,
+                      "lock " + k.path + ": " + std::strerror(errno) +
+                          " (on NFS: is the lock manager, rpc.statd/lockd, running on the "
+                          "client and the server?)");
+      return ErrnoToStatus(errno, "lock " + k.path);
+    }
+    HeldLocks().insert(id);
+    return std::unique_ptr<BackendLock>(std::make_unique<PosixLock>(id, std::move(fd)));
   }
 
  private:
@@ -660,12 +779,24 @@ Status PosixWriter::Commit() {
   if (s.ok()) s = SyncFd(fs(), file_.get(), tmp_path);
   if (s.ok()) s = Hook(PosixSyncPoint::kFileSynced, tmp_path);
   if (!s.ok()) return fail(s);
+  // The temp's identity, to recognise it under the target's name below.
+  struct stat tmp_st;
+  if (::fstat(file_.get(), &tmp_st) != 0) return fail(ErrnoToStatus(errno, "fstat " + tmp_path));
   if (fs().Close(file_.Release()) != 0) return fail(ErrnoToStatus(errno, "close " + tmp_path));
   s = Hook(PosixSyncPoint::kFileClosed, tmp_path);
   if (!s.ok()) return fail(s);
   if (mode_ == WriteMode::kReplace) {
-    if (fs().RenameAt(dir_.get(), tmp_.c_str(), name_.c_str()) != 0)
-      return fail(ErrnoToStatus(errno, "rename " + tmp_path + " to " + target));
+    if (fs().RenameAt(dir_.get(), tmp_.c_str(), name_.c_str()) != 0) {
+      int err = errno;
+      // On NFS a rename whose reply was lost is retransmitted and answered
+      // ENOENT (the temp name is gone) although it succeeded: then the
+      // target is our own file.
+      struct stat now;
+      const bool ours = err == ENOENT &&
+                        ::fstatat(dir_.get(), name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+                        now.st_dev == tmp_st.st_dev && now.st_ino == tmp_st.st_ino;
+      if (!ours) return fail(ErrnoToStatus(err, "rename " + tmp_path + " to " + target));
+    }
     tmp_.clear();
   } else {
     if (fs().LinkAt(dir_.get(), tmp_.c_str(), name_.c_str()) != 0) {

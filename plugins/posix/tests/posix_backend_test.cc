@@ -2,15 +2,22 @@
 // file system can show (planted symlinks, file:// URIs, the sync points).
 #include "ckptio/posix_backend.h"
 
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <functional>
+#include <future>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "ckptio/store.h"
 #include "conformance.h"
 #include "test_util.h"
 
@@ -131,6 +138,144 @@ TEST(PosixBackend, AnExclusiveCreateWhoseLinkReplyWasLostSucceeds) {
   ASSERT_TRUE(again.ok()) << again.status();
   ASSERT_TRUE((*again)->Append("n", 1).ok());
   EXPECT_EQ((*again)->Commit().code(), Code::kAlreadyExists);
+}
+
+// The same for a rename (kReplace): the retransmission finds the temp name
+// gone and answers ENOENT. The target is our file: the commit succeeded. A
+// rename that really failed (the temp is gone, the target is not ours) is
+// still an error, and the old object stays.
+TEST(PosixBackend, AReplaceWhoseRenameReplyWasLostSucceeds) {
+  struct LostReply : PosixFs {
+    int RenameAt(int dirfd, const char* from, const char* to) override {
+      if (PosixFs::RenameAt(dirfd, from, to) != 0) return -1;
+      errno = ENOENT;  // the retransmission's answer
+      return -1;
+    }
+  };
+  TempDir dir;
+  PosixBackendOptions o;
+  o.fs = std::make_shared<LostReply>();
+  auto b = Open(dir.path(), std::move(o));
+  CKPTIO_ASSERT_OK(Put(*b, "LATEST", "old"));
+  CKPTIO_EXPECT_OK(Put(*b, "LATEST", "new"));
+  EXPECT_EQ(ReadFile(dir.Sub("LATEST")), "new");
+  auto keys = b->List("");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_EQ(*keys, std::vector<std::string>{"LATEST"}) << "no temp left either";
+
+  struct TempVanished : PosixFs {
+    int RenameAt(int dirfd, const char* from, const char* to) override {
+      ::unlinkat(dirfd, from, 0);
+      return PosixFs::RenameAt(dirfd, from, to);
+    }
+  };
+  PosixBackendOptions o2;
+  o2.fs = std::make_shared<TempVanished>();
+  auto b2 = Open(dir.path(), std::move(o2));
+  Status s = Put(*b2, "LATEST", "newer");
+  EXPECT_EQ(s.code(), Code::kNotFound) << s;
+  EXPECT_EQ(ReadFile(dir.Sub("LATEST")), "new");
+}
+
+// A FIFO (or device) under an object's or the lock's name is refused at
+// once, never waited on: open(O_RDONLY) of a FIFO blocks until a writer
+// comes. Run under a deadline, so that a regression fails instead of hanging.
+TEST(PosixBackend, AFifoUnderAnObjectOrLockNameIsRefusedNotWaitedOn) {
+  TempDir dir;
+  auto b = Open(dir.path());
+  CKPTIO_ASSERT_OK(Put(*b, "step-1/a", "x"));
+  ASSERT_EQ(::mkfifo(dir.Sub("LATEST").c_str(), 0644), 0);
+  ASSERT_EQ(::mkfifo(dir.Sub(".lock").c_str(), 0644), 0);
+  ASSERT_EQ(::mkfifo(dir.Sub("step-1/b").c_str(), 0644), 0);
+  auto within_5s = [](const char* what, std::function<Status()> call) {
+    auto f = std::async(std::launch::async, std::move(call));
+    if (f.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      std::fprintf(stderr, "FAILED: %s still blocked after 5 s (opened a FIFO?)\n", what);
+      std::fflush(stderr);
+      ::_exit(1);  // the blocked thread cannot be joined
+    }
+    return f.get();
+  };
+  auto refused = [](const Status& s) {
+    return s.code() == Code::kFailedPrecondition && s.message().find("FIFO") != std::string::npos;
+  };
+  Status s = within_5s("OpenObject(LATEST)", [&] { return b->OpenObject("LATEST").status(); });
+  EXPECT_TRUE(refused(s)) << s;
+  EXPECT_NE(s.message().find(dir.Sub("LATEST")), std::string::npos) << s;
+  s = within_5s("OpenObject(step-1/b)", [&] { return b->OpenObject("step-1/b").status(); });
+  EXPECT_TRUE(refused(s)) << s;
+  s = within_5s("Store::ReadLatest", [&] {
+    Store store(std::shared_ptr<StorageBackend>(Open(dir.path())));
+    return store.ReadLatest().status();
+  });
+  EXPECT_TRUE(refused(s)) << s;
+  s = within_5s("IsLocked(.lock)", [&] { return b->IsLocked(".lock").status(); });
+  EXPECT_TRUE(refused(s)) << s;
+  EXPECT_NE(s.message().find(dir.Sub(".lock")), std::string::npos) << s;
+  s = within_5s("TryLock(.lock)", [&] { return b->TryLock(".lock").status(); });
+  EXPECT_TRUE(refused(s)) << s;
+}
+
+// A .lock this user may not open for writing (another user's, mode 0644) is
+// PermissionDenied, which callers do not retry: not Unavailable ("retry").
+TEST(PosixBackend, ALockFileThatCannotBeOpenedIsPermissionDenied) {
+  TempDir dir;
+  auto b = Open(dir.path());
+  CKPTIO_ASSERT_OK(Put(*b, "LATEST", "x"));
+  testing::WriteFile(dir.Sub(".lock"), "");
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir.Sub(".lock").c_str(), 0444), 0);
+  if (::geteuid() != 0) {
+    auto lock = b->TryLock(".lock");
+    EXPECT_EQ(lock.status().code(), Code::kPermissionDenied) << lock.status();
+    return;
+  }
+  // root opens anything: try as nobody, in a child.
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+    auto lock = b->TryLock(".lock");
+    if (lock.status().code() == Code::kPermissionDenied) ::_exit(0);
+    std::fprintf(stderr, "TryLock as nobody: %s\n", lock.status().ToString().c_str());
+    ::_exit(1);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  if (WEXITSTATUS(wstatus) == 2) GTEST_SKIP() << "cannot drop root privileges here";
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "see the child's message above";
+}
+
+// Objects are mapped only on local file systems: on a network one a file
+// deleted by another client goes stale under the map (SIGBUS on touch).
+TEST(PosixBackend, NetworkFileSystemsAreNotMapped) {
+  for (uint64_t t : {uint64_t{NFS_SUPER_MAGIC}, uint64_t{SMB_SUPER_MAGIC}, uint64_t{0xFF534D42},
+                     uint64_t{0xFE534D42}, uint64_t{FUSE_SUPER_MAGIC}, uint64_t{V9FS_MAGIC},
+                     uint64_t{0x00C36400}, uint64_t{0x0BD00BD0}, uint64_t{0x47504653}})
+    EXPECT_TRUE(IsNetworkFileSystem(t)) << std::hex << t;
+  // f_type is a signed long: a 32-bit build sees CIFS's magic negative.
+  EXPECT_TRUE(
+      IsNetworkFileSystem(static_cast<uint64_t>(int64_t{static_cast<int32_t>(0xFF534D42)})));
+  for (uint64_t t :
+       {uint64_t{EXT4_SUPER_MAGIC}, uint64_t{XFS_SUPER_MAGIC}, uint64_t{BTRFS_SUPER_MAGIC},
+        uint64_t{TMPFS_MAGIC}, uint64_t{0x794C7630}, uint64_t{0x2FC12FC1}, uint64_t{0}})
+    EXPECT_FALSE(IsNetworkFileSystem(t)) << std::hex << t;
+
+  // Here: mapped exactly when the file system is local.
+  TempDir dir;
+  auto b = Open(dir.path());
+  CKPTIO_ASSERT_OK(Put(*b, "obj", "bytes"));
+  struct statfs info;
+  ASSERT_EQ(::statfs(dir.path().c_str(), &info), 0);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, b->OpenObject("obj"));
+  auto view = r->Map();
+  if (IsNetworkFileSystem(static_cast<uint64_t>(info.f_type))) {
+    EXPECT_EQ(view.status().code(), Code::kUnimplemented) << view.status();
+  } else {
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(std::string((*view)->data(), (*view)->size()), "bytes");
+  }
 }
 
 TEST(PosixBackend, PlantedDirectorySymlinkIsNeverFollowed) {
@@ -261,6 +406,10 @@ TEST(PosixBackend, FileUris) {
   auto b = r.Open("file://" + dir.path() + "/./x//y/");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ((*b)->Uri(), "file://" + dir.path() + "/x/y");
+  // RFC 8089's short form file:/abs is the path /abs.
+  auto short_form = r.Open("file:" + dir.path());
+  ASSERT_TRUE(short_form.ok()) << short_form.status();
+  EXPECT_EQ((*short_form)->Uri(), "file://" + dir.path());
 }
 
 TEST(PosixBackend, MissingStoreIsNotFoundAndNotCreatedByReads) {

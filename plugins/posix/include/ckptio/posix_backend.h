@@ -17,13 +17,21 @@
 // Directories are created with mkdirat + fsync of their parent. Every path
 // inside the store is walked component by component with O_NOFOLLOW, so a
 // symlink planted in the store is an error (FailedPrecondition), never
-// followed. Locks are fcntl locks through Boost.Interprocess file_lock
-// (never flock, which NFS does not propagate).
+// followed, and a FIFO, socket or device under an object's name is refused
+// (FailedPrecondition) without waiting on it. Locks are whole-file fcntl
+// locks (F_SETLK: never flock, which NFS does not propagate) on a
+// descriptor opened with openat(O_RDWR|O_NOFOLLOW) in the walked
+// directory. On NFS a commit whose rename or link reply was lost (the
+// retransmission answers ENOENT or EEXIST) succeeds if the target is now
+// the temp file's inode. Objects are memory-mapped only on local file
+// systems (see IsNetworkFileSystem); elsewhere Map() is Unimplemented and
+// callers read them into memory.
 #ifndef CKPTIO_POSIX_BACKEND_H_
 #define CKPTIO_POSIX_BACKEND_H_
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -73,6 +81,12 @@ struct PosixBackendOptions {
   // The system-call layer; null means the kernel's.
   std::shared_ptr<PosixFs> fs;
 };
+
+// Whether statfs(2)'s f_type names a network or cluster file system (NFS,
+// SMB/CIFS, FUSE, 9P, CephFS, AFS, Coda, NCP, Lustre, GPFS, BeeGFS,
+// OrangeFS), on which ObjectReader::Map() refuses to map: a file deleted by
+// another client goes stale under a map, and touching it raises SIGBUS.
+bool IsNetworkFileSystem(uint64_t f_type);
 
 // Whether this build has the sync-point hooks (CKPTIO_TEST_HOOKS): tests
 // that need them skip without.
