@@ -2,6 +2,7 @@
 // python3-torch) loads with torch.load, and the safetensors objects parse
 // with nothing but Python's json and struct. Every tensor is compared with
 // the original, bit for bit.
+#include <sys/wait.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cstdio>
@@ -139,6 +140,48 @@ TEST(ExportTest, ExportOfACorruptStepFailsAndWritesNothing) {
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("DATA_LOSS"), std::string::npos) << out;
   EXPECT_NE(::access(dir.Sub("out.pt").c_str(), F_OK), 0) << "no file from a bad step";
+}
+
+// Exit codes as for `ckptio`: 2 for a usage error, 1 for a store problem,
+// each with a message that says what to do.
+TEST(ExportTest, UsageErrorsExitTwoAndStoreProblemsOne) {
+  const char* bin = std::getenv("CKPTIO_BIN_DIR");
+  ASSERT_NE(bin, nullptr);
+  TempDir dir;
+  torch::Tensor x = torch::randn({10});
+  State state{{"x", x}};
+  {
+    auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
+    ASSERT_TRUE(ckpt.ok());
+    CKPTIO_ASSERT_OK((*ckpt)->Save(1, state));
+  }
+  const std::string store = dir.Sub("store"), out = " -o " + dir.Sub("out.pt");
+  struct Case {
+    std::string args;
+    int rc;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {store + " 1", 2, "--output is required"},
+      {store + " 1x" + out, 2, "bad STEP"},
+      {store + " 1000000000000" + out, 2, "bad STEP"},
+      {dir.Sub("nothing-here") + " latest" + out, 1, "NOT_FOUND"},
+      {store + " 2" + out, 1, "NOT_FOUND"},
+  };
+  for (const Case& c : cases) {
+    int rc = 0;
+    std::string said = Shell(std::string(bin) + "/ckptio export " + c.args, &rc);
+    ASSERT_TRUE(WIFEXITED(rc)) << c.args;
+    EXPECT_EQ(WEXITSTATUS(rc), c.rc) << c.args << "\n" << said;
+    EXPECT_NE(said.find(c.says), std::string::npos) << c.args << "\n" << said;
+  }
+  testing::WriteFile(dir.Sub("store/LATEST"), "garbage");
+  int rc = 0;
+  std::string said = Shell(std::string(bin) + "/ckptio export " + store + " latest" + out, &rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 1) << said;
+  EXPECT_NE(said.find("DATA_LOSS"), std::string::npos) << said;
+  EXPECT_NE(said.find("ckptio fsck --repair"), std::string::npos) << said;
+  EXPECT_NE(::access(dir.Sub("out.pt").c_str(), F_OK), 0) << "no file from a failed export";
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "ckptio/ckptio.h"
+#include "common/progress.h"
 #include "text.h"
 
 namespace ckptio {
@@ -45,42 +46,6 @@ std::string FormatTime(int64_t unix_ms) {
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
-
-// A progress bar on stderr, drawn only when stderr is a terminal.
-class Progress {
- public:
-  explicit Progress(uint64_t total) : total_(total), enabled_(::isatty(2) && total > 0) {}
-  ~Progress() { Done(); }
-  // Clears the bar; call before printing results.
-  void Done() {
-    if (enabled_ && drawn_) std::cerr << "\r\033[K" << std::flush;
-    enabled_ = false;
-  }
-  ProgressFn Fn() {
-    return [this](uint64_t n) { Add(n); };
-  }
-  void Add(uint64_t n) {
-    done_ += n;
-    total_ = std::max(total_, done_);  // more was read than expected (gc past a corrupt step)
-    if (!enabled_) return;
-    auto now = std::chrono::steady_clock::now();
-    if (drawn_ && now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
-    last_ = now;
-    drawn_ = true;
-    constexpr int kWidth = 30;
-    int filled = static_cast<int>(kWidth * done_ / total_);
-    std::cerr << fmt::format("\r[{:<{}}] {:3}% {} / {}", std::string(filled, '#'), kWidth,
-                             100 * done_ / total_, HumanBytes(done_), HumanBytes(total_))
-              << std::flush;
-  }
-
- private:
-  uint64_t total_;
-  uint64_t done_ = 0;
-  bool enabled_;
-  bool drawn_ = false;
-  std::chrono::steady_clock::time_point last_;
-};
 
 // Opens a store that must already exist: reading, repairing or trimming a
 // mistyped path must not create an empty store, nor take a folder that

@@ -16,55 +16,85 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "ckptio/backends.h"
 #include "ckptio/torch.h"
+#include "common/progress.h"
+#include "text.h"
 
 namespace {
 
-// Writes `bytes` to `path` durably: temp file, fsync, rename, fsync dir.
-ckptio::Status WriteDurably(const std::string& path, const std::vector<char>& bytes) {
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-  if (dir.empty()) dir = "/";
-  std::string tmp = path + ".ckptio-tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ckptio::ErrnoToStatus(errno, "create " + tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ckptio::Status s = ckptio::ErrnoToStatus(errno, "write " + tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ckptio::Status s = ckptio::ErrnoToStatus(errno, "fsync/close " + tmp);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ckptio::Status s = ckptio::ErrnoToStatus(errno, "rename " + tmp + " to " + path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return ckptio::ErrnoToStatus(errno, "open " + dir);
-  int rc = ::fsync(dfd);
-  ::close(dfd);
-  if (rc != 0) return ckptio::ErrnoToStatus(errno, "fsync " + dir);
-  return ckptio::OkStatus();
-}
+using ckptio::Code;
+using ckptio::Result;
+using ckptio::Status;
 
-// torch::pickle_save without its type tags: the same zip container torch.save
-// writes (data.pkl plus one record per storage), but dicts pickled as plain
-// dicts. pickle_save wraps each typed dict in torch.jit._pickle.restore_type_tag,
-// which torch.load (weights_only=True, the default since PyTorch 2.6) refuses.
-std::vector<char> PickleForTorchLoad(const c10::IValue& value) {
-  std::vector<char> pickled;
+// Where the export's bytes go: a temp file next to `path`, fsynced and
+// renamed over `path` (then the folder fsynced) only when all went well, so
+// `path` is either untouched or complete; on failure the temp is removed.
+class DurableFile {
+ public:
+  explicit DurableFile(std::string path)
+      : path_(std::move(path)), tmp_(path_ + ".ckptio-tmp." + std::to_string(::getpid())) {}
+  ~DurableFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+
+  Status Create() {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    return fd_ < 0 ? ckptio::ErrnoToStatus(errno, "create " + tmp_) : ckptio::OkStatus();
+  }
+  // For PyTorchStreamWriter: a short count on error (the first is kept).
+  size_t Write(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (error_.ok() && done < n) {
+      ssize_t w = ::write(fd_, p + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) error_ = ckptio::ErrnoToStatus(errno, "write " + tmp_);
+      if (w > 0) done += static_cast<size_t>(w);
+    }
+    return done;
+  }
+  const Status& error() const { return error_; }
+
+  Status Commit() {
+    if (!error_.ok()) return error_;
+    if (::fsync(fd_) != 0) return ckptio::ErrnoToStatus(errno, "fsync " + tmp_);
+    int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return ckptio::ErrnoToStatus(errno, "close " + tmp_);
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      return ckptio::ErrnoToStatus(errno, "rename " + tmp_ + " to " + path_);
+    committed_ = true;
+    std::string dir =
+        path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/'));
+    if (dir.empty()) dir = "/";
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return ckptio::ErrnoToStatus(errno, "open " + dir);
+    int rc = ::fsync(dfd);
+    ::close(dfd);
+    return rc != 0 ? ckptio::ErrnoToStatus(errno, "fsync " + dir) : ckptio::OkStatus();
+  }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  Status error_;
+};
+
+// torch::pickle_save without its type tags, streamed to `out`: the same zip
+// container torch.save writes (data.pkl plus one record per storage), but
+// dicts pickled as plain dicts. pickle_save wraps each typed dict in
+// torch.jit._pickle.restore_type_tag, which torch.load (weights_only=True,
+// the default since PyTorch 2.6) refuses.
+Status PickleForTorchLoad(const c10::IValue& value, DurableFile& out, ckptio::Progress& progress) {
+  std::vector<char> pickled;  // the pickle itself: small (tensors are records)
   torch::jit::Pickler pickler(
       [&](const char* p, size_t n) { pickled.insert(pickled.end(), p, p + n); },
       /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -72,15 +102,45 @@ std::vector<char> PickleForTorchLoad(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  std::vector<char> out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
-    out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
-    return n;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
-  return out;
+  try {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
+      size_t done = out.Write(p, n);
+      progress.Add(done);
+      return done;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                       writer);
+    writer.writeEndOfFile();
+  } catch (const std::exception& e) {
+    // A short write makes the zip writer throw; the write's own error says more.
+    return out.error().ok() ? Status(Code::kInternal, e.what()) : out.error();
+  }
+  return out.error();
+}
+
+Result<int64_t> ParseStep(ckptio::Store& store, const std::string& text) {
+  if (text == "latest") {
+    auto latest = store.ReadLatest();
+    if (!latest.ok())
+      return latest.status().WithContext("reading LATEST (run `ckptio fsck --repair " +
+                                         store.uri() + "`, or name a step)");
+    if (!latest->has_value())
+      return Status(Code::kNotFound, "no LATEST in " + store.uri() + ": nothing committed yet");
+    return (*latest)->step;
+  }
+  try {
+    size_t used = 0;
+    long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= 0 && v <= ckptio::kMaxStep) return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+  }
+  return Status(Code::kInvalidArgument, "bad STEP \"" + text + "\": a step number (0-" +
+                                            std::to_string(ckptio::kMaxStep) + ") or \"latest\"");
+}
+
+int Fail(const Status& s) {
+  std::cerr << "ckptio export: " << s << "\n";
+  return s.code() == Code::kInvalidArgument ? 2 : 1;
 }
 
 int Run(int argc, char** argv) {
@@ -90,53 +150,61 @@ int Run(int argc, char** argv) {
   app.add_option("STORE", uri, "store URI or path")->required();
   app.add_option("STEP", step_text, "step number or \"latest\"")->required();
   app.add_option("-o,--output", out, "output file, e.g. out.pt")->required();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every usage error 2, as in `ckptio`
+  }
 
   auto store = ckptio::OpenStore(uri);
-  if (!store.ok()) return std::cerr << "ckptio export: " << store.status() << "\n", 1;
-  int64_t step = -1;
-  if (step_text == "latest") {
-    auto latest = (*store)->ReadLatest();
-    if (!latest.ok() || !latest->has_value())
-      return std::cerr << "ckptio export: no LATEST in " << (*store)->uri() << "\n", 1;
-    step = (*latest)->step;
-  } else {
-    try {
-      size_t used = 0;
-      step = std::stoll(step_text, &used);
-      if (used != step_text.size()) step = -1;
-    } catch (const std::exception&) {
-    }
-    if (step < 0) return std::cerr << "ckptio export: bad STEP \"" << step_text << "\"\n", 2;
-  }
-  auto reader = (*store)->OpenStep(step);
-  if (!reader.ok()) return std::cerr << "ckptio export: " << reader.status() << "\n", 1;
+  if (!store.ok()) return Fail(store.status());
+  Status exists = (*store)->backend().List("").status();  // NotFound: no store there
+  if (!exists.ok()) return Fail(exists);
+  auto step = ParseStep(**store, step_text);
+  if (!step.ok()) return Fail(step.status());
+  auto reader = (*store)->OpenStep(*step);
+  if (!reader.ok()) return Fail(reader.status());
+  const ckptio::Manifest& manifest = (*reader)->manifest();
 
+  // Tensors share their object's verified view (a memory map on local
+  // disk): nothing is copied before the zip writer streams it to the file.
+  std::map<std::string, std::shared_ptr<ckptio::ObjectView>> views;
   c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
   std::map<std::string, c10::Dict<std::string, at::Tensor>> groups;
-  size_t count = 0;
-  for (const auto& t : (*reader)->manifest().tensors) {
-    auto tensor = ckptio::ReadTensor(**reader, t, torch::kCPU);
-    if (!tensor.ok()) return std::cerr << "ckptio export: " << tensor.status() << "\n", 1;
-    const std::string base = ckptio::StripeBaseObject((*reader)->manifest(), t.object);
-    std::string group = base.substr(0, base.rfind(".safetensors"));
-    groups[group].insert(t.name, *tensor);
-    ++count;
+  uint64_t bytes = 0;
+  for (const auto& t : manifest.tensors) {
+    auto& view = views[t.object];
+    if (!view) {
+      auto opened = (*reader)->View(t.object);
+      if (!opened.ok()) return Fail(opened.status());
+      view = *opened;
+    }
+    auto tensor = ckptio::TensorFromView(view, t, torch::kCPU);
+    if (!tensor.ok()) return Fail(tensor.status());
+    const std::string base = ckptio::StripeBaseObject(manifest, t.object);
+    groups[base.substr(0, base.rfind(".safetensors"))].insert(t.name, *tensor);
+    bytes += t.length;
   }
   for (auto& [name, dict] : groups) top.insert(name, dict);
   c10::Dict<std::string, std::string> metadata;
   std::vector<std::string> skipped;
-  for (const auto& [key, value] : (*reader)->manifest().metadata) {
+  for (const auto& [key, value] : manifest.metadata) {
     if (key.rfind("user.", 0) == 0) metadata.insert(key.substr(5), value);
     if (key.rfind("ckptio.item.", 0) == 0 && value.rfind("optimizer", 0) == 0)
       skipped.push_back(key.substr(12));
   }
   top.insert("metadata", metadata);
-  std::vector<char> bytes = PickleForTorchLoad(top);
-  ckptio::Status s = WriteDurably(out, bytes);
-  if (!s.ok()) return std::cerr << "ckptio export: " << s << "\n", 1;
-  std::cout << "exported step " << step << ": " << count << " tensor(s) in " << groups.size()
-            << " group(s) to " << out << " (" << bytes.size() << " bytes)\n";
+
+  DurableFile file(out);
+  Status s = file.Create();
+  ckptio::Progress progress(bytes);
+  if (s.ok()) s = PickleForTorchLoad(top, file, progress);
+  if (s.ok()) s = file.Commit();
+  progress.Done();
+  if (!s.ok()) return Fail(s);
+  std::cout << "exported step " << *step << ": " << manifest.tensors.size() << " tensor(s) in "
+            << groups.size() << " group(s) to " << out << " (" << ckptio::HumanBytes(bytes)
+            << " of tensor data)\n";
   for (const auto& name : skipped)
     std::cout << "not exported: optimizer \"" << name
               << "\" (a LibTorch archive; Python cannot load it)\n";
