@@ -150,6 +150,8 @@ struct CheckpointerOptions {
   // Pinned memory comes from LibTorch's caching host allocator, which rounds
   // a block up to a power of two and keeps a replaced block cached: pinned
   // staging can take up to twice this, more if the state grows between saves.
+  // Optimizer archives are not counted: they are held in memory besides,
+  // until the background save ends (Adam's about twice its parameters).
   uint64_t max_staging_bytes = uint64_t{4} << 30;
 };
 
@@ -189,6 +191,8 @@ class Checkpointer {
   // Rank 0: Save. Other ranks: return at once; Poll() / Wait() later.
   // InvalidArgument with stripe on (use SaveAsync). The options' timeout
   // counts from this call: past it, Poll and Wait return DeadlineExceeded.
+  // A Ticket uses its Checkpointer: poll or wait on it from the thread that
+  // uses the Checkpointer, and only while the Checkpointer lives.
   class Ticket {
    public:
     int64_t step() const { return step_; }
