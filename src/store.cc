@@ -880,8 +880,8 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
   if (!serialized.ok())
     return serialized.status().code() == Code::kResourceExhausted
                ? serialized.status().WithContext(what)
-               : Status(Code::kInvalidArgument,
-                        what + ": the checkpoint is inconsistent: " + serialized.status().message());
+               : Status(Code::kInvalidArgument, what + ": the checkpoint is inconsistent: " +
+                                                    serialized.status().message());
   const std::string& bytes = *serialized;
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   CKPTIO_RETURN_IF_ERROR(
@@ -1239,9 +1239,9 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
       good[s.step] = (*reader)->manifest_hash();
     } else if (v.code() == Code::kDataLoss) {
       r.problems.push_back({FsckProblem::Kind::kCorruptStep, s.step, v.message()});
-    } else {
+    } else if (v.code() != Code::kNotFound) {
       return v;
-    }
+    }  // NotFound: retired since the listing (a live writer's retention)
   }
   for (const auto& [step, hash] : good) r.good_steps.push_back(step);
 

@@ -131,6 +131,25 @@ TEST_F(RetentionFsckTest, CleanStoreChecksClean) {
   EXPECT_TRUE(report.writer_active) << "this process holds the writer";
 }
 
+// fsck beside a live trainer: a step its retention deletes while fsck reads
+// it is gone, not a failed check and not damage.
+TEST_F(RetentionFsckTest, AStepRetiredWhileFsckReadsItIsNoProblem) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  for (int64_t step : {1, 2}) ASSERT_TRUE(Save(*w, step).ok());
+  bool retired = false;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check([&](uint64_t) {
+    if (retired) return;
+    retired = true;
+    // What retention does: the manifest first, then the objects.
+    for (const char* name : {"MANIFEST.json", "a.bin", "b.bin"})
+      ASSERT_EQ(::unlink(StepPath(1, name).c_str()), 0) << name;
+    ASSERT_EQ(::rmdir(StepPath(1).c_str()), 0);
+  }));
+  ASSERT_TRUE(retired);
+  EXPECT_TRUE(report.clean());
+  EXPECT_EQ(report.good_steps, std::vector<int64_t>{2});
+}
+
 TEST_F(RetentionFsckTest, FsckFindsEveryKindOfDamageAndRepairFixesIt) {
   {
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
