@@ -124,15 +124,20 @@ TEST(ExportTest, StockPyTorchLoadsTheExportAndEveryTensorMatches) {
   std::cout << out;
 }
 
+// Commits step 1 of DIR/store, holding tensor "x" of `n` floats.
+void SaveStepOne(const TempDir& dir, int64_t n) {
+  torch::Tensor x = torch::randn({n});
+  State state{{"x", x}};
+  auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  CKPTIO_ASSERT_OK((*ckpt)->Save(1, state));
+}
+
 TEST(ExportTest, ExportOfACorruptStepFailsAndWritesNothing) {
   const char* bin = std::getenv("CKPTIO_BIN_DIR");
   ASSERT_NE(bin, nullptr);
   TempDir dir;
-  torch::Tensor x = torch::randn({1000});
-  State state{{"x", x}};
-  auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
-  ASSERT_TRUE(ckpt.ok());
-  CKPTIO_ASSERT_OK((*ckpt)->Save(1, state));
+  ASSERT_NO_FATAL_FAILURE(SaveStepOne(dir, 1000));
   testing::FlipBit(dir.Sub("store/step-000000000001/tensors.safetensors"), 500, 4);
   int rc = 0;
   std::string out = Shell(
@@ -148,13 +153,7 @@ TEST(ExportTest, UsageErrorsExitTwoAndStoreProblemsOne) {
   const char* bin = std::getenv("CKPTIO_BIN_DIR");
   ASSERT_NE(bin, nullptr);
   TempDir dir;
-  torch::Tensor x = torch::randn({10});
-  State state{{"x", x}};
-  {
-    auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
-    ASSERT_TRUE(ckpt.ok());
-    CKPTIO_ASSERT_OK((*ckpt)->Save(1, state));
-  }
+  ASSERT_NO_FATAL_FAILURE(SaveStepOne(dir, 10));
   const std::string store = dir.Sub("store"), out = " -o " + dir.Sub("out.pt");
   struct Case {
     std::string args;
