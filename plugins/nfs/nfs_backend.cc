@@ -59,14 +59,46 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
 
 namespace {
 
+// A mutex that serves waiters in the order they came. A large write takes
+// the connection's mutex once per WRITE; with std::mutex the writer takes it
+// again before a woken waiter gets to run, so the other calls (and the v3
+// lease renewal) would still wait for the whole object.
+class FairMutex {
+ public:
+  void lock() {
+    std::unique_lock<std::mutex> g(m_);
+    const uint64_t ticket = next_++;
+    turn_.wait(g, [&] { return serving_ == ticket; });
+  }
+  void unlock() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      ++serving_;
+    }
+    turn_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable turn_;
+  uint64_t next_ = 0, serving_ = 0;
+};
+
+// Appended to the message of an NFS STALE error, and what Replaced() looks
+// for: the only error after which a call is looked up again and retried.
+constexpr const char* kStaleHandle = "the file handle went stale (replaced or removed meanwhile)";
+
 // One mounted libnfs context, shared by the backend and everything it hands
-// out (writers, readers, locks), every call under `mu`.
+// out (writers, readers, locks), every call on it under `mu`, one RPC (or a
+// few) at a time, so no call waits for a whole object. Held locks are under
+// `locks_mu` (taken after mu when both are needed): v4 locks live on
+// connections of their own, so their renewal never waits for `mu`.
 class Connection {
  public:
   Connection(NfsOptions o, std::string u) : options(std::move(o)), uri(std::move(u)) {}
   ~Connection() {
     {
-      std::lock_guard<std::mutex> g(mu);
+      std::lock_guard<std::mutex> g(locks_mu);
       stop = true;
     }
     wake.notify_all();
@@ -80,6 +112,10 @@ class Connection {
   static bool ClientExpired(const Status& s) {
     return s.message().find("NFS4ERR_EXPIRED") != std::string::npos ||
            s.message().find("NFS4ERR_STALE_CLIENTID") != std::string::npos;
+  }
+  // Whether `s` is an NFS STALE error (see kStaleHandle).
+  static bool Stale(const Status& s) {
+    return s.code() == Code::kUnavailable && s.message().find(kStaleHandle) != std::string::npos;
   }
   // A new connection under a new client identity (callers hold mu). Objects
   // opened on the old one keep it (and fail if the server forgot it).
@@ -97,13 +133,28 @@ class Connection {
   Status Error(int rc, const std::string& what) const { return ErrorOn(ctx, rc, what); }
   Status ErrorOn(struct nfs_context* on, int rc, const std::string& what) const {
     const char* detail = on ? nfs_get_error(on) : nullptr;
+    auto says = [&](const char* text) { return detail && std::strstr(detail, text); };
     int err = rc < 0 ? -rc : EIO;
     std::string msg = what + " on " + uri;
     if (detail && *detail) msg += " (" + std::string(detail) + ")";
-    Status s = err == ETIMEDOUT || (detail && std::strstr(detail, "timed out"))
-                   ? Status(Code::kUnavailable, msg + ": the server did not answer within " +
-                                                    std::to_string(options.timeout.count()) + " ms")
-                   : ErrnoToStatus(err, msg);
+    Status s;
+    if (err == ETIMEDOUT || says("timed out")) {
+      s = Status(Code::kUnavailable, msg + ": the server did not answer within " +
+                                         std::to_string(options.timeout.count()) + " ms");
+    } else if (err == ESTALE || (err == EIO && says("NFS4ERR_STALE("))) {
+      // (libnfs 4.0 reports NFS4ERR_STALE as EIO.)
+      return Status(Code::kUnavailable, msg + ": " + kStaleHandle);
+    } else if (err == EFAULT || (err == EIO && (says("nfs_service failed") || says("RPC ERROR") ||
+                                                says("Poll failed")))) {
+      // libnfs reports a broken connection (an RPC that failed in transport,
+      // a socket error, a reply it could not decode) as EFAULT, or as EIO
+      // from its event loop: the server may or may not have acted.
+      s = Status(Code::kUnavailable, msg + ": the connection to the server failed (" +
+                                         std::strerror(err) +
+                                         "); the call may or may not have taken effect");
+    } else {
+      s = ErrnoToStatus(err, msg);
+    }
     if (s.code() == Code::kUnavailable && on) failed.insert(on);  // see ReleaseContext
     return s;
   }
@@ -112,32 +163,72 @@ class Connection {
     return root + (key.empty() ? "" : "/" + std::string(key));
   }
 
-  // mkdir -p of the folders above `key` (callers hold mu).
+  // mkdir -p of the folders above `key` (callers hold mu). A folder of the
+  // store that is a symbolic link is refused (see RefuseLinkedFolders).
   Status MakeParents(std::string_view key) {
-    std::string dir = root;
-    size_t start = 0;
-    if (!root.empty()) {
-      CKPTIO_RETURN_IF_ERROR(MakeDir(root, /*walk=*/true));
+    if (!root.empty()) {  // each component of a root inside the export
+      for (size_t pos = root.find('/', 1); pos != std::string::npos; pos = root.find('/', pos + 1))
+        CKPTIO_RETURN_IF_ERROR(MakeDir(root.substr(0, pos), /*in_store=*/false));
+      CKPTIO_RETURN_IF_ERROR(MakeDir(root, /*in_store=*/false));
     }
-    while (true) {
-      size_t slash = key.find('/', start);
-      if (slash == std::string_view::npos) return OkStatus();
-      dir += "/" + std::string(key.substr(start, slash - start));
-      CKPTIO_RETURN_IF_ERROR(MakeDir(dir, false));
-      start = slash + 1;
-    }
+    for (size_t slash = key.find('/'); slash != std::string_view::npos;
+         slash = key.find('/', slash + 1))
+      CKPTIO_RETURN_IF_ERROR(MakeDir(Path(key.substr(0, slash)), /*in_store=*/true));
+    return OkStatus();
   }
 
-  Status MakeDir(const std::string& path, bool walk) {
-    if (walk) {  // each component of a root inside the export
-      for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1))
-        CKPTIO_RETURN_IF_ERROR(MakeDir(path.substr(0, pos), false));
-    }
+  Status MakeDir(const std::string& path, bool in_store) {
     int rc = nfs_mkdir(ctx, path.c_str());
-    if (rc == 0 || rc == -EEXIST) return OkStatus();
+    if (rc == 0) return OkStatus();
+    Status error = Error(rc, "mkdir " + path);
     struct nfs_stat_64 st;
-    if (nfs_stat64(ctx, path.c_str(), &st) == 0 && S_ISDIR(st.nfs_mode)) return OkStatus();
-    return Error(rc, "mkdir " + path);
+    if (!in_store) {  // the user's path to the store: links there are theirs
+      if (rc == -EEXIST) return OkStatus();
+      if (nfs_stat64(ctx, path.c_str(), &st) == 0 && S_ISDIR(st.nfs_mode)) return OkStatus();
+      return error;
+    }
+    if (nfs_lstat64(ctx, path.c_str(), &st) != 0) return error;
+    if (S_ISDIR(st.nfs_mode)) return OkStatus();
+    if (S_ISLNK(st.nfs_mode)) return LinkRefused(path);
+    return Status(Code::kFailedPrecondition,
+                  uri + ": " + path + " exists and is not a folder, so objects cannot go in it");
+  }
+
+  // libnfs follows symbolic links in every component of a path but the
+  // last, so a planted "step-N -> ../elsewhere" would take creates, renames
+  // and deletes outside the store. Refuses a key any of whose folders is a
+  // link (callers hold mu), as the POSIX backend does (O_NOFOLLOW at each
+  // step). Folders are checked outermost first, so no check follows a link.
+  Status RefuseLinkedFolders(std::string_view key) {
+    for (size_t slash = key.find('/'); slash != std::string_view::npos;
+         slash = key.find('/', slash + 1)) {
+      const std::string dir = Path(key.substr(0, slash));
+      struct nfs_stat_64 st;
+      int rc = nfs_lstat64(ctx, dir.c_str(), &st);
+      if (rc == -ENOENT) return OkStatus();  // nothing below it either
+      if (rc < 0) return Error(rc, "stat " + dir);
+      if (S_ISLNK(st.nfs_mode)) return LinkRefused(dir);
+      if (!S_ISDIR(st.nfs_mode))
+        return Status(Code::kFailedPrecondition, uri + ": " + dir + " is not a folder");
+    }
+    return OkStatus();
+  }
+  Status LinkRefused(const std::string& path) const {
+    return ErrnoToStatus(ELOOP, uri + ": " + path + " is a symbolic link");
+  }
+
+  // Reads up to 512 bytes of a small file (callers hold mu).
+  Status ReadSmallFile(const std::string& path, std::string* out) {
+    struct nfsfh* fh = nullptr;
+    int rc = nfs_open(ctx, path.c_str(), O_RDONLY, &fh);
+    if (rc < 0) return Error(rc, "open " + path);
+    char buf[512];
+    rc = nfs_pread(ctx, fh, 0, sizeof buf, buf);
+    Status s = rc < 0 ? Error(rc, "read " + path) : OkStatus();
+    (void)nfs_close(ctx, fh);
+    if (!s.ok()) return s;
+    out->assign(buf, static_cast<size_t>(rc));
+    return OkStatus();
   }
 
   // Held locks, by key; renewed by `keepalive` while any is held.
@@ -148,9 +239,14 @@ class Connection {
     struct nfs_context* ctx = nullptr;  // v4: the lock's own connection
     struct nfsfh* fh = nullptr;         // v4: the open file the lock is on
     std::string path;
-    std::string record;  // v3: our lease record
+    std::string record;   // v3: our lease record, as the lease file holds it
+    std::string pending;  // v3: a renewal whose WRITE failed (it may have landed)
+    bool lost = false;    // v3: the lease file no longer holds our record
+    bool Ours(const std::string& seen) const {
+      return seen == record || (!pending.empty() && seen == pending);
+    }
   };
-  void StartKeepalive() {  // callers hold mu
+  void StartKeepalive() {  // callers hold locks_mu
     if (keepalive.joinable()) return;
     keepalive = std::thread([this] { KeepaliveLoop(); });
   }
@@ -165,7 +261,8 @@ class Connection {
   std::string export_path;  // what is mounted
   std::string root;         // the store's folder, relative to the mount ("" or "/a/b")
   size_t max_write = kWriteBuffer;
-  std::mutex mu;
+  FairMutex mu;         // ctx, retired, failed, reconnects; every call on them
+  std::mutex locks_mu;  // held, stop; the v4 lock connections
   std::map<std::string, Held> held;
   std::atomic<uint64_t> counter{0};
   std::vector<struct nfs_context*> retired;      // replaced by Reconnect
@@ -177,25 +274,57 @@ class Connection {
     const auto period = options.version == 4 ? std::min<std::chrono::milliseconds>(
                                                    std::chrono::seconds(10), options.lease / 3)
                                              : options.lease / 3;
-    std::unique_lock<std::mutex> g(mu);
+    std::unique_lock<std::mutex> g(locks_mu);
     while (!stop) {
       wake.wait_for(g, period, [&] { return stop; });
       if (stop) break;
-      for (auto& [key, h] : held) {
-        if (options.version == 4) {
+      if (options.version == 4) {
+        for (auto& [key, h] : held) {
           // Any READ with the open stateid renews the client's lease.
           char byte;
           (void)nfs_pread(h.ctx, h.fh, 0, 1, &byte);
-        } else {
-          struct nfsfh* fh = nullptr;
-          if (nfs_open(ctx, h.path.c_str(), O_WRONLY, &fh) == 0) {
-            h.record = LeaseRecord();
-            (void)nfs_pwrite(ctx, fh, 0, h.record.size(), h.record.data());
-            (void)nfs_fsync(ctx, fh);
-            (void)nfs_close(ctx, fh);
-          }
+        }
+        continue;
+      }
+      // v3: the lease files are on the main connection (mu before locks_mu).
+      g.unlock();
+      {
+        std::lock_guard<FairMutex> m(mu);
+        std::lock_guard<std::mutex> l(locks_mu);
+        if (!stop) RenewLeases();
+      }
+      g.lock();
+    }
+  }
+
+  // Rewrites each v3 lease file that still holds our record (callers hold
+  // mu and locks_mu), read and written through one open handle: should a
+  // breaker move the file aside between the two, our write lands on the
+  // file it moved, which it then finds changed and puts back. A lease file
+  // that no longer holds our record was broken by another client (we were
+  // paused past the lease): the lock is lost and never written again, so
+  // the new holder's record stands (the writer fence catches the rest).
+  void RenewLeases() {
+    for (auto& [key, h] : held) {
+      if (h.lost) continue;
+      struct nfsfh* fh = nullptr;
+      int rc = nfs_open(ctx, h.path.c_str(), O_RDWR, &fh);
+      if (rc == -ENOENT) h.lost = true;
+      if (rc < 0) continue;  // else try again next period
+      char buf[512];
+      rc = nfs_pread(ctx, fh, 0, sizeof buf, buf);
+      if (rc >= 0 && !h.Ours(std::string(buf, static_cast<size_t>(rc)))) h.lost = true;
+      if (rc >= 0 && !h.lost) {
+        h.record.assign(buf, static_cast<size_t>(rc));
+        h.pending = LeaseRecord();
+        bool ok = nfs_pwrite(ctx, fh, 0, h.pending.size(), h.pending.data()) ==
+                  static_cast<int>(h.pending.size());
+        if (ok && nfs_fsync(ctx, fh) == 0) {
+          h.record = std::move(h.pending);
+          h.pending.clear();
         }
       }
+      (void)nfs_close(ctx, fh);
     }
   }
 
@@ -206,50 +335,85 @@ class Connection {
 
 class NfsWriter : public ObjectWriter {
  public:
-  NfsWriter(std::shared_ptr<Connection> c, struct nfsfh* fh, std::string tmp, std::string target,
+  NfsWriter(std::shared_ptr<Connection> c, struct nfsfh* fh, std::string tmp, std::string key,
             WriteMode mode)
       : c_(std::move(c)),
         ctx_(c_->ctx),
         fh_(fh),
         tmp_(std::move(tmp)),
-        target_(std::move(target)),
+        key_(std::move(key)),
+        target_(c_->Path(key_)),
         mode_(mode) {}
   ~NfsWriter() override {
     if (!committed_) Discard();
   }
 
+  // Small appends gather in a buffer; a buffer's worth or more goes out
+  // straight from the caller's memory. Either way each WRITE takes the
+  // connection's mutex on its own, so other calls and the lease renewal
+  // wait for one WRITE, never for a whole tensor.
   Status Append(const void* data, size_t size) override {
     if (dead_) return Dead();
-    buffer_.append(static_cast<const char*>(data), size);
-    if (buffer_.size() < kWriteBuffer) return OkStatus();
-    std::lock_guard<std::mutex> g(c_->mu);
-    Status s = Flush();
-    if (!s.ok()) Fail();
-    return s;
+    const char* p = static_cast<const char*>(data);
+    if (buffer_.size() + size < kWriteBuffer) {
+      buffer_.append(p, size);
+      return OkStatus();
+    }
+    if (!buffer_.empty()) {  // top it up and write it
+      const size_t take = kWriteBuffer - buffer_.size();
+      buffer_.append(p, take);
+      p += take;
+      size -= take;
+      Status s = Write(buffer_.data(), buffer_.size());
+      buffer_.clear();
+      if (!s.ok()) return Fail(s);
+    }
+    if (size < kWriteBuffer) {
+      buffer_.append(p, size);
+      return OkStatus();
+    }
+    Status s = Write(p, size);
+    return s.ok() ? s : Fail(s);
   }
 
   Status Commit() override {
     if (dead_ || committed_) return Dead();
     dead_ = true;
-    std::lock_guard<std::mutex> g(c_->mu);
-    Status s = Flush();
+    Status s = Write(buffer_.data(), buffer_.size());
+    std::string().swap(buffer_);
+    std::lock_guard<FairMutex> g(c_->mu);
     if (!s.ok()) return Abandon(s);
     int rc = nfs_fsync(ctx_, fh_);  // COMMIT: the bytes are on stable storage
     if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fsync (COMMIT) " + tmp_));
+    // The temp's file id, to recognise it under the target's name if the
+    // reply to our RENAME or LINK is lost.
+    struct nfs_stat_64 st;
+    rc = nfs_fstat64(ctx_, fh_, &st);
+    if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fstat " + tmp_));
+    ino_ = st.nfs_ino;
     rc = nfs_close(ctx_, fh_);
     fh_ = nullptr;
     if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "close " + tmp_));
+    // Not through a folder swapped for a symbolic link since NewObject.
+    Status linked = c_->RefuseLinkedFolders(key_);
+    if (!linked.ok()) return Abandon(linked);
     if (mode_ == WriteMode::kReplace) {
       rc = nfs_rename(ctx_, tmp_.c_str(), target_.c_str());
-      if (rc < 0 && !RenameHappened()) return Abandon(c_->ErrorOn(ctx_, rc, "rename " + tmp_));
+      if (rc < 0) {
+        Status error = c_->ErrorOn(ctx_, rc, "rename " + tmp_);
+        if (!RenameHappened()) return Abandon(error);
+      }
     } else {
       rc = nfs_link(ctx_, tmp_.c_str(), target_.c_str());
-      if (rc < 0 && !LinkHappened()) {
-        if (rc == -EEXIST)
-          return Abandon(
-              Status(Code::kAlreadyExists,
-                     c_->uri + ": " + target_ + " already exists and is never overwritten"));
-        return Abandon(c_->ErrorOn(ctx_, rc, "link " + tmp_));
+      if (rc < 0) {
+        Status error = c_->ErrorOn(ctx_, rc, "link " + tmp_);
+        if (!TargetIsOurs()) {
+          if (rc == -EEXIST)
+            return Abandon(
+                Status(Code::kAlreadyExists,
+                       c_->uri + ": " + target_ + " already exists and is never overwritten"));
+          return Abandon(error);
+        }
       }
       (void)nfs_unlink(ctx_, tmp_.c_str());  // a leftover is removed as stale
     }
@@ -264,33 +428,36 @@ class NfsWriter : public ObjectWriter {
                   c_->uri + ": object " + target_ + " failed earlier or is committed");
   }
 
-  // Writes the buffer (callers hold mu).
-  Status Flush() {
+  // Writes `size` bytes at the end of the temp, one WRITE per mu.
+  Status Write(const char* p, size_t size) {
     size_t done = 0;
-    while (done < buffer_.size()) {
-      size_t n = std::min(c_->max_write, buffer_.size() - done);
-      int rc = nfs_pwrite(ctx_, fh_, offset_, n, buffer_.data() + done);
+    while (done < size) {
+      std::lock_guard<FairMutex> g(c_->mu);
+      size_t n = std::min(c_->max_write, size - done);
+      int rc = nfs_pwrite(ctx_, fh_, offset_, n, p + done);
       if (rc < 0) return c_->ErrorOn(ctx_, rc, "write " + tmp_);
       if (rc == 0)
         return Status(Code::kUnavailable, c_->uri + ": write " + tmp_ + " made no progress");
       done += static_cast<size_t>(rc);
       offset_ += static_cast<uint64_t>(rc);
     }
-    buffer_.clear();
     return OkStatus();
   }
 
-  // After a failed RENAME: did it happen anyway (a lost reply)?
+  // After a failed RENAME: did it happen anyway (a lost reply)? Only if the
+  // temp's name is gone for sure and the target is the temp's file. Any
+  // other answer (an error looking, another file of the same size under
+  // the target: LATEST always has one) means no.
   bool RenameHappened() {
     struct nfs_stat_64 st;
-    if (nfs_stat64(ctx_, tmp_.c_str(), &st) == 0) return false;  // the temp is still there
-    return nfs_stat64(ctx_, target_.c_str(), &st) == 0 && st.nfs_size == offset_;
+    if (nfs_lstat64(ctx_, tmp_.c_str(), &st) != -ENOENT) return false;
+    return TargetIsOurs();
   }
-  // After a failed LINK: is the target our temp's file?
-  bool LinkHappened() {
-    struct nfs_stat_64 a, b;
-    return nfs_stat64(ctx_, tmp_.c_str(), &a) == 0 && nfs_stat64(ctx_, target_.c_str(), &b) == 0 &&
-           a.nfs_ino == b.nfs_ino;
+  // Whether the target is the temp's file (after a failed RENAME or LINK).
+  bool TargetIsOurs() {
+    struct nfs_stat_64 st;
+    return nfs_lstat64(ctx_, target_.c_str(), &st) == 0 && S_ISREG(st.nfs_mode) &&
+           st.nfs_ino == ino_;
   }
 
   // Removes the temp (callers hold mu).
@@ -298,12 +465,13 @@ class NfsWriter : public ObjectWriter {
     DiscardLocked();
     return s;
   }
-  void Fail() {
+  Status Fail(Status s) {
     dead_ = true;
-    DiscardLocked();
+    Discard();
+    return s;
   }
   void Discard() {
-    std::lock_guard<std::mutex> g(c_->mu);
+    std::lock_guard<FairMutex> g(c_->mu);
     DiscardLocked();
   }
   void DiscardLocked() {
@@ -316,10 +484,11 @@ class NfsWriter : public ObjectWriter {
   std::shared_ptr<Connection> c_;
   struct nfs_context* ctx_;  // the connection the temp was created on
   struct nfsfh* fh_;
-  std::string tmp_, target_;
+  std::string tmp_, key_, target_;
   WriteMode mode_;
   std::string buffer_;
   uint64_t offset_ = 0;
+  uint64_t ino_ = 0;  // the temp's file id, once committed
   bool dead_ = false, committed_ = false;
 };
 
@@ -329,7 +498,7 @@ class NfsReader : public ObjectReader {
       : c_(std::move(c)), ctx_(c_->ctx), fh_(fh), size_(size), path_(std::move(path)) {}
   ~NfsReader() override {
     if (!fh_) return;  // (a snapshot: may be destroyed with mu held)
-    std::lock_guard<std::mutex> g(c_->mu);
+    std::lock_guard<FairMutex> g(c_->mu);
     (void)nfs_close(ctx_, fh_);
   }
   uint64_t Size() const override { return size_; }
@@ -342,8 +511,17 @@ class NfsReader : public ObjectReader {
       if (size > 0) std::memcpy(buf, snapshot_.data() + offset, size);
       return OkStatus();
     }
-    std::lock_guard<std::mutex> g(c_->mu);
-    return ReadLocked(offset, buf, size);
+    // A piece at a time under mu, so other calls interleave with a large read.
+    char* p = static_cast<char*>(buf);
+    while (size > 0) {
+      const size_t n = std::min(size, c_->max_write * 16);
+      std::lock_guard<FairMutex> g(c_->mu);
+      CKPTIO_RETURN_IF_ERROR(ReadLocked(offset, p, n));
+      p += n;
+      offset += n;
+      size -= n;
+    }
+    return OkStatus();
   }
 
   // Reads the whole object into memory and closes the file (callers hold mu).
@@ -361,6 +539,14 @@ class NfsReader : public ObjectReader {
     while (size > 0) {
       size_t n = std::min(size, c_->max_write * 16);
       int rc = nfs_pread(ctx_, fh_, offset, n, p);
+      if (rc == -EFAULT) {
+        // libnfs 4.0 fails an NFSv3 READ of a file replaced (by a rename)
+        // since we opened it with EFAULT, as it does a broken connection:
+        // GETATTR on the handle tells which.
+        struct nfs_stat_64 st;
+        int probe = nfs_fstat64(ctx_, fh_, &st);
+        if (probe == -ESTALE) return c_->ErrorOn(ctx_, probe, "read " + path_);
+      }
       if (rc < 0) return c_->ErrorOn(ctx_, rc, "read " + path_);
       if (rc == 0)
         return Status(Code::kDataLoss, c_->uri + ": " + path_ + " ends at byte " +
@@ -385,7 +571,10 @@ class NfsLock : public BackendLock {
   NfsLock(std::shared_ptr<Connection> c, std::string key)
       : c_(std::move(c)), key_(std::move(key)) {}
   ~NfsLock() override {
-    std::lock_guard<std::mutex> g(c_->mu);
+    // v3 lease files are on the main connection; v4 locks on their own.
+    std::unique_lock<FairMutex> m(c_->mu, std::defer_lock);
+    if (c_->options.version == 3) m.lock();
+    std::lock_guard<std::mutex> g(c_->locks_mu);
     auto it = c_->held.find(key_);
     if (it == c_->held.end()) return;
     Connection::Held& h = it->second;
@@ -397,24 +586,12 @@ class NfsLock : public BackendLock {
       bool ok = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl) == 0;
       ok = nfs_close(h.ctx, h.fh) == 0 && ok;
       ReleaseContext(h.ctx, !ok);
-    } else {  // v3: remove the lease file if it is still ours
+    } else if (!h.lost) {  // v3: remove the lease file if it is still ours
       std::string now;
-      if (ReadSmallFile(*c_, h.path, &now).ok() && now == h.record)
+      if (c_->ReadSmallFile(h.path, &now).ok() && h.Ours(now))
         (void)nfs_unlink(c_->ctx, h.path.c_str());
     }
     c_->held.erase(it);
-  }
-
-  static Status ReadSmallFile(Connection& c, const std::string& path, std::string* out) {
-    struct nfsfh* fh = nullptr;
-    int rc = nfs_open(c.ctx, path.c_str(), O_RDONLY, &fh);
-    if (rc < 0) return c.Error(rc, "open " + path);
-    char buf[512];
-    rc = nfs_pread(c.ctx, fh, 0, sizeof buf, buf);
-    (void)nfs_close(c.ctx, fh);
-    if (rc < 0) return c.Error(rc, "read " + path);
-    out->assign(buf, static_cast<size_t>(rc));
-    return OkStatus();
   }
 
  private:
@@ -456,14 +633,10 @@ class NfsBackend : public StorageBackend {
     return r.status();
   }
 
-  // Whether `s` is what libnfs reports for a file replaced (by a rename)
-  // while we looked it up or read it: a stale handle, or, from libnfs 4.0's
-  // READ of the replaced file, EFAULT.
-  static bool Replaced(const Status& s) {
-    return s.message().find("STALE") != std::string::npos ||
-           s.message().find("Stale file handle") != std::string::npos ||
-           s.message().find("Bad address") != std::string::npos;
-  }
+  // Whether `s` says a file was replaced (by a rename) while we looked it
+  // up or read it: an NFS STALE status, and nothing else (a broken
+  // connection is Unavailable, and not retried here).
+  static bool Replaced(const Status& s) { return Connection::Stale(s); }
 
   // Runs `op` (which takes mu itself) again when a path it resolved went
   // stale under it (LATEST replaced between LOOKUP and GETATTR or READ: an
@@ -475,7 +648,7 @@ class NfsBackend : public StorageBackend {
     for (int attempt = 0; attempt < 8 && !r.ok(); ++attempt) {
       const Status& s = StatusOf(r);
       if (c_->options.version == 4 && Connection::ClientExpired(s)) {
-        std::lock_guard<std::mutex> g(c_->mu);
+        std::lock_guard<FairMutex> g(c_->mu);
         Status re = c_->Reconnect();
         if (!re.ok()) return re.WithContext("reconnecting after the server expired this client");
       } else if (!Replaced(s)) {
@@ -496,19 +669,20 @@ class NfsBackend : public StorageBackend {
     const std::string dir =
         slash == std::string_view::npos ? c_->Path("") : c_->Path(key.substr(0, slash));
     const std::string tmp = dir + "/" + TempObjectName(base);
-    std::lock_guard<std::mutex> g(c_->mu);
+    std::lock_guard<FairMutex> g(c_->mu);
     CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
     struct nfsfh* fh = nullptr;
     int rc = nfs_open2(c_->ctx, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
     if (rc < 0) return c_->Error(rc, "create " + tmp);
     return std::unique_ptr<ObjectWriter>(
-        std::make_unique<NfsWriter>(c_, fh, tmp, c_->Path(key), mode));
+        std::make_unique<NfsWriter>(c_, fh, tmp, std::string(key), mode));
   }
 
   Result<std::unique_ptr<ObjectReader>> OpenObjectOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const std::string path = c_->Path(key);
-    std::lock_guard<std::mutex> g(c_->mu);
+    std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
     CKPTIO_ASSIGN_OR_RETURN(uint64_t size, RegularFileSize(path));
     struct nfsfh* fh = nullptr;
     int rc = nfs_open(c_->ctx, path.c_str(), O_RDONLY, &fh);
@@ -531,7 +705,8 @@ class NfsBackend : public StorageBackend {
 
   Result<ObjectInfo> StatOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::lock_guard<std::mutex> g(c_->mu);
+    std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
     CKPTIO_ASSIGN_OR_RETURN(uint64_t size, RegularFileSize(c_->Path(key)));
     return ObjectInfo{size};
   }
@@ -542,7 +717,7 @@ class NfsBackend : public StorageBackend {
     std::string dir_key(slash == std::string_view::npos ? "" : prefix.substr(0, slash));
     if (!dir_key.empty()) CKPTIO_RETURN_IF_ERROR(ValidateKey(dir_key));
     std::vector<std::string> out;
-    std::lock_guard<std::mutex> g(c_->mu);
+    std::lock_guard<FairMutex> g(c_->mu);
     struct nfs_stat_64 st;
     int rc = nfs_lstat64(c_->ctx, c_->Path(dir_key).c_str(), &st);
     if (rc < 0 || !S_ISDIR(st.nfs_mode)) {
@@ -563,8 +738,9 @@ class NfsBackend : public StorageBackend {
 
   Status DeleteOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::lock_guard<std::mutex> g(c_->mu);
+    std::lock_guard<FairMutex> g(c_->mu);
     const std::string path = c_->Path(key);
+    CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
     struct nfs_stat_64 st;
     int rc = nfs_lstat64(c_->ctx, path.c_str(), &st);
     if (rc == 0 && S_ISDIR(st.nfs_mode))
@@ -586,12 +762,16 @@ class NfsBackend : public StorageBackend {
 
   Result<bool> IsLockedOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::lock_guard<std::mutex> g(c_->mu);
-    if (c_->held.count(std::string(key))) return true;
+    std::lock_guard<FairMutex> g(c_->mu);
+    {
+      std::lock_guard<std::mutex> l(c_->locks_mu);
+      auto it = c_->held.find(std::string(key));
+      if (it != c_->held.end() && !it->second.lost) return true;
+    }
     const std::string path = c_->Path(key);
     if (c_->options.version == 3) {
       std::string record;
-      Status s = NfsLock::ReadSmallFile(*c_, path, &record);
+      Status s = c_->ReadSmallFile(path, &record);
       if (s.code() == Code::kNotFound) return false;
       CKPTIO_RETURN_IF_ERROR(s);
       return !LeaseExpired(record);
@@ -601,16 +781,34 @@ class NfsBackend : public StorageBackend {
     if (rc == -ENOENT) return false;
     if (rc < 0) return c_->Error(rc, "open lock file " + path);
     rc = nfs_lockf(c_->ctx, fh, NFS4_F_TEST, kLockBytes);  // LOCKT
+    // Locked only if the server said so (NFS4ERR_DENIED); a timeout or an
+    // I/O error is that error, not "locked".
+    const bool denied = rc < 0 && LockDenied(rc, nfs_get_error(c_->ctx));
+    Status s = rc < 0 && !denied ? c_->Error(rc, "test lock " + path) : OkStatus();
     (void)nfs_close(c_->ctx, fh);
-    return rc != 0;
+    if (!s.ok()) return s;
+    return denied;
+  }
+
+  // Whether libnfs result `rc` (error text `detail`) of a LOCK or LOCKT
+  // says another client holds the lock: NFS4ERR_DENIED (libnfs 4.0 returns
+  // EIO or ERANGE for it, naming it in the error text it sets on every
+  // failure), or EACCES/EAGAIN as fcntl would (libnfs 4.0 also returns
+  // EAGAIN for NFS4ERR_EXPIRED: that is not it).
+  static bool LockDenied(int rc, const char* detail) {
+    auto says = [&](const char* text) { return detail && std::strstr(detail, text); };
+    return says("NFS4ERR_DENIED") || rc == -EACCES || (rc == -EAGAIN && !says("NFS4ERR_EXPIRED"));
   }
 
   Result<std::unique_ptr<BackendLock>> TryLockOnce(std::string_view key, LockMode mode) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const std::string path = c_->Path(key);
-    std::lock_guard<std::mutex> g(c_->mu);
-    if (c_->held.count(std::string(key)))
-      return Status(Code::kFailedPrecondition, path + " is already locked by this process");
+    std::lock_guard<FairMutex> g(c_->mu);
+    {
+      std::lock_guard<std::mutex> l(c_->locks_mu);
+      if (c_->held.count(std::string(key)))
+        return Status(Code::kFailedPrecondition, path + " is already locked by this process");
+    }
     CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
     Connection::Held h;
     h.path = path;
@@ -649,15 +847,16 @@ class NfsBackend : public StorageBackend {
       fl.l_len = kLockBytes;
       rc = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl);
       if (rc < 0) {
-        Status s = c_->ErrorOn(h.ctx, rc, "lock " + path);
+        // NFS4ERR_DENIED: somebody else holds it (not a failed connection).
+        const bool denied = LockDenied(rc, nfs_get_error(h.ctx));
+        Status s = denied ? Status(Code::kFailedPrecondition,
+                                   path + " is locked by another client (" + c_->uri + ")")
+                          : c_->ErrorOn(h.ctx, rc, "lock " + path);
         close_all();
-        // NFS4ERR_DENIED: somebody else holds it.
-        if (rc == -EAGAIN || rc == -EACCES || s.message().find("DENIED") != std::string::npos)
-          return Status(Code::kFailedPrecondition,
-                        path + " is locked by another client (" + c_->uri + ")");
         return s;
       }
     }
+    std::lock_guard<std::mutex> l(c_->locks_mu);
     c_->held.emplace(std::string(key), std::move(h));
     c_->StartKeepalive();
     return std::unique_ptr<BackendLock>(std::make_unique<NfsLock>(c_, std::string(key)));
@@ -704,25 +903,18 @@ class NfsBackend : public StorageBackend {
     return NowMs() > std::atoll(record.c_str() + at + 11);
   }
 
-  // v3: create the lease file exclusively, breaking an expired one.
+  // v3: create the lease file with our record, breaking an expired one
+  // (callers hold mu).
   Status TakeLease(const std::string& path, std::string* record) {
     for (int attempt = 0; attempt < 2; ++attempt) {
-      struct nfsfh* fh = nullptr;
-      int rc = nfs_open2(c_->ctx, path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
-      if (rc == 0) {
-        *record = c_->LeaseRecord();
-        rc = nfs_pwrite(c_->ctx, fh, 0, record->size(), record->data());
-        if (rc >= 0) rc = nfs_fsync(c_->ctx, fh);
-        int closed = nfs_close(c_->ctx, fh);
-        if (rc < 0 || closed < 0) {
-          (void)nfs_unlink(c_->ctx, path.c_str());
-          return c_->Error(rc < 0 ? rc : closed, "write lease " + path);
-        }
+      const std::string fresh = c_->LeaseRecord();
+      CKPTIO_ASSIGN_OR_RETURN(bool created, CreateLease(path, fresh));
+      if (created) {
+        *record = fresh;
         return OkStatus();
       }
-      if (rc != -EEXIST) return c_->Error(rc, "create lease " + path);
       std::string seen;
-      Status s = NfsLock::ReadSmallFile(*c_, path, &seen);
+      Status s = c_->ReadSmallFile(path, &seen);
       if (s.code() == Code::kNotFound) continue;  // released meanwhile
       CKPTIO_RETURN_IF_ERROR(s);
       if (!LeaseExpired(seen))
@@ -733,7 +925,7 @@ class NfsBackend : public StorageBackend {
       const std::string aside = path + ".broken." + RandomHex();
       if (nfs_rename(c_->ctx, path.c_str(), aside.c_str()) < 0) continue;
       std::string moved;
-      if (NfsLock::ReadSmallFile(*c_, aside, &moved).ok() && moved != seen) {
+      if (c_->ReadSmallFile(aside, &moved).ok() && moved != seen) {
         (void)nfs_link(c_->ctx, aside.c_str(), path.c_str());  // put it back
         (void)nfs_unlink(c_->ctx, aside.c_str());
         return Status(Code::kFailedPrecondition, path + " is locked by another client");
@@ -741,6 +933,41 @@ class NfsBackend : public StorageBackend {
       (void)nfs_unlink(c_->ctx, aside.c_str());
     }
     return Status(Code::kFailedPrecondition, path + " is contended; try again");
+  }
+
+  // Makes `path` a lease file holding `record`, atomically: the record goes
+  // into a temp of our own (written, committed, closed), which is then
+  // LINKed to `path`, which fails if `path` exists. So no lease file is ever
+  // seen empty or torn (one that was would read as expired, and be broken
+  // while its holder was still writing it). False if `path` exists.
+  Result<bool> CreateLease(const std::string& path, const std::string& record) {
+    const size_t slash = path.rfind('/');
+    const std::string tmp = path.substr(0, slash + 1) + TempObjectName(path.substr(slash + 1));
+    struct nfsfh* fh = nullptr;
+    int rc = nfs_open2(c_->ctx, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
+    if (rc < 0) return c_->Error(rc, "create lease " + tmp);
+    rc = nfs_pwrite(c_->ctx, fh, 0, record.size(), record.data());
+    if (rc >= 0 && rc != static_cast<int>(record.size())) rc = -EIO;
+    if (rc >= 0) rc = nfs_fsync(c_->ctx, fh);
+    struct nfs_stat_64 st;
+    if (rc >= 0) rc = nfs_fstat64(c_->ctx, fh, &st);
+    Status error = rc < 0 ? c_->Error(rc, "write lease " + tmp) : OkStatus();
+    rc = nfs_close(c_->ctx, fh);
+    if (error.ok() && rc < 0) error = c_->Error(rc, "close lease " + tmp);
+    if (!error.ok()) {
+      (void)nfs_unlink(c_->ctx, tmp.c_str());
+      return error;
+    }
+    rc = nfs_link(c_->ctx, tmp.c_str(), path.c_str());
+    if (rc < 0) error = c_->Error(rc, "link lease " + path);
+    struct nfs_stat_64 now;
+    // A lost reply to a LINK that happened: the lease is our temp's file.
+    const bool ours =
+        rc == 0 || (nfs_lstat64(c_->ctx, path.c_str(), &now) == 0 && now.nfs_ino == st.nfs_ino);
+    (void)nfs_unlink(c_->ctx, tmp.c_str());
+    if (ours) return true;
+    if (rc == -EEXIST) return false;
+    return error;
   }
 
   std::shared_ptr<Connection> c_;

@@ -1,16 +1,31 @@
 // The nfs:// backend against a real NFS-Ganesha on loopback, over NFSv3 and
 // NFSv4: the shared conformance suite, mixed access with the POSIX backend
-// on the exported folder, URIs, and the libnfs limits the backend works
-// around.
+// on the exported folder, URIs, the libnfs limits the backend works around,
+// and (through libnfs calls this binary interposes) replies that fail or get
+// lost, locks that change hands, and links planted in the store.
 #include "ckptio/nfs_backend.h"
 
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <thread>
+
+// libnfs's own header, for the calls interposed below.
+#include <nfsc/libnfs.h>
 
 #include "ckptio/backends.h"
 #include "ckptio/posix_backend.h"
@@ -18,6 +33,132 @@
 #include "nfs_server.h"
 #include "process.h"
 #include "test_util.h"
+
+// Fault hooks. This executable defines libnfs's sync calls that the backend
+// makes, so the backend (a shared library) calls these; each calls the real
+// one (the next definition: libnfs's) unless a test set a hook for it.
+namespace nfs_hooks {
+
+struct Hooks {
+  std::function<int(nfs_context*, const char*, const char*)> rename;
+  std::function<int(nfs_context*, const char*, nfs_stat_64*)> stat;  // stat64 and lstat64
+  std::function<int(nfs_context*, nfsfh*, uint64_t, uint64_t, const void*)> pwrite;
+  std::function<int(nfs_context*, nfsfh*, uint64_t, uint64_t, void*)> pread;
+  std::function<int(nfs_context*, nfsfh*, nfs4_lock_op, uint64_t)> lockf;
+  std::function<int(nfs_context*, const char*, int, int, nfsfh**)> open2;
+  std::function<int(nfs_context*, nfsfh*, nfs_stat_64*)> fstat;
+};
+
+std::mutex mu;
+Hooks hooks;
+
+template <typename F>
+F Get(F Hooks::*member) {
+  std::lock_guard<std::mutex> g(mu);
+  return hooks.*member;
+}
+
+// Sets hooks for a scope.
+class Scope {
+ public:
+  explicit Scope(Hooks h) {
+    std::lock_guard<std::mutex> g(mu);
+    hooks = std::move(h);
+  }
+  ~Scope() {
+    std::lock_guard<std::mutex> g(mu);
+    hooks = Hooks{};
+  }
+};
+
+template <typename Fn>
+Fn Real(Fn, const char* name) {
+  return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+}
+#define CKPTIO_REAL(fn) (nfs_hooks::Real(&::fn, #fn))
+
+int RealRename(nfs_context* n, const char* a, const char* b) {
+  static auto real = CKPTIO_REAL(nfs_rename);
+  return real(n, a, b);
+}
+int RealStat(nfs_context* n, const char* p, nfs_stat_64* st, bool follow) {
+  static auto real_stat = CKPTIO_REAL(nfs_stat64);
+  static auto real_lstat = CKPTIO_REAL(nfs_lstat64);
+  return follow ? real_stat(n, p, st) : real_lstat(n, p, st);
+}
+int RealPwrite(nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, const void* buf) {
+  static auto real = CKPTIO_REAL(nfs_pwrite);
+  return real(n, fh, off, count, buf);
+}
+int RealPread(nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+  static auto real = CKPTIO_REAL(nfs_pread);
+  return real(n, fh, off, count, buf);
+}
+int RealLockf(nfs_context* n, nfsfh* fh, nfs4_lock_op op, uint64_t count) {
+  static auto real = CKPTIO_REAL(nfs_lockf);
+  return real(n, fh, op, count);
+}
+int RealOpen2(nfs_context* n, const char* p, int flags, int mode, nfsfh** fh) {
+  static auto real = CKPTIO_REAL(nfs_open2);
+  return real(n, p, flags, mode, fh);
+}
+int RealFstat(nfs_context* n, nfsfh* fh, nfs_stat_64* st) {
+  static auto real = CKPTIO_REAL(nfs_fstat64);
+  return real(n, fh, st);
+}
+
+// Fails a call as libnfs does: result `rc`, and `text` as the error.
+int Fail(nfs_context* n, int rc, const std::string& text) {
+  // libnfs's own setter: exported, though not in its header.
+  using SetError = void (*)(nfs_context*, char*, ...);
+  static auto set_error = reinterpret_cast<SetError>(::dlsym(RTLD_NEXT, "nfs_set_error"));
+  if (set_error) set_error(n, const_cast<char*>("%s"), text.c_str());
+  return rc;
+}
+
+}  // namespace nfs_hooks
+
+extern "C" {
+int nfs_rename(struct nfs_context* n, const char* a, const char* b) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::rename)) return h(n, a, b);
+  return nfs_hooks::RealRename(n, a, b);
+}
+int nfs_stat64(struct nfs_context* n, const char* p, struct nfs_stat_64* st) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::stat)) {
+    int rc = h(n, p, st);
+    if (rc != 1) return rc;  // 1: pass through
+  }
+  return nfs_hooks::RealStat(n, p, st, true);
+}
+int nfs_lstat64(struct nfs_context* n, const char* p, struct nfs_stat_64* st) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::stat)) {
+    int rc = h(n, p, st);
+    if (rc != 1) return rc;
+  }
+  return nfs_hooks::RealStat(n, p, st, false);
+}
+int nfs_pwrite(struct nfs_context* n, struct nfsfh* fh, uint64_t off, uint64_t count,
+               const void* buf) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::pwrite)) return h(n, fh, off, count, buf);
+  return nfs_hooks::RealPwrite(n, fh, off, count, buf);
+}
+int nfs_pread(struct nfs_context* n, struct nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::pread)) return h(n, fh, off, count, buf);
+  return nfs_hooks::RealPread(n, fh, off, count, buf);
+}
+int nfs_lockf(struct nfs_context* n, struct nfsfh* fh, enum nfs4_lock_op op, uint64_t count) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::lockf)) return h(n, fh, op, count);
+  return nfs_hooks::RealLockf(n, fh, op, count);
+}
+int nfs_open2(struct nfs_context* n, const char* p, int flags, int mode, struct nfsfh** fh) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::open2)) return h(n, p, flags, mode, fh);
+  return nfs_hooks::RealOpen2(n, p, flags, mode, fh);
+}
+int nfs_fstat64(struct nfs_context* n, struct nfsfh* fh, struct nfs_stat_64* st) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::fstat)) return h(n, fh, st);
+  return nfs_hooks::RealFstat(n, fh, st);
+}
+}  // extern "C"
 
 namespace {
 
@@ -243,6 +384,359 @@ TEST(NfsUri, ParsesAndRefusesPrecisely) {
   EXPECT_NE(none.status().message().find("cannot mount nfs://127.0.0.1/export"), std::string::npos)
       << none.status();
 }
+
+// ---------------------------------------------------------------------------
+// Failures, lost replies, locks changing hands and planted links, through the
+// libnfs hooks at the top of this file.
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool Contains(const std::string& text, const char* part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string ReadLocal(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Replaces `path` with `bytes` as a local rename would (as another client's
+// commit does).
+void ReplaceLocal(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".local-tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << bytes;
+  }
+  ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0) << path;
+}
+
+class NfsBackendFaults : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(NfsServer::Shared().ok()) << "no NFS server";
+    sub_ = FreshFolder("faults");
+    dir_ = NfsServer::Shared().export_dir() + "/" + sub_;
+    backend_ = Backend();
+    ASSERT_TRUE(backend_);
+  }
+  int version() const { return GetParam(); }
+  std::unique_ptr<StorageBackend> Backend(const std::string& extra = "") {
+    auto uri = Uri::Parse(NfsServer::Shared().Uri(version(), sub_, extra));
+    EXPECT_TRUE(uri.ok()) << uri.status();
+    if (!uri.ok()) return nullptr;
+    auto options = ParseNfsUri(*uri);
+    EXPECT_TRUE(options.ok()) << options.status();
+    if (!options.ok()) return nullptr;
+    auto b = NewNfsBackend(*options);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? std::move(*b) : nullptr;
+  }
+  static Status Put(StorageBackend& b, std::string_view key, const std::string& bytes,
+                    WriteMode mode = WriteMode::kReplace) {
+    CKPTIO_ASSIGN_OR_RETURN(auto w, b.NewObject(key, mode));
+    CKPTIO_RETURN_IF_ERROR(w->Append(bytes.data(), bytes.size()));
+    return w->Commit();
+  }
+  static Result<std::string> Get(StorageBackend& b, std::string_view key) {
+    CKPTIO_ASSIGN_OR_RETURN(auto r, b.OpenObject(key));
+    std::string out(r->Size(), '\0');
+    CKPTIO_RETURN_IF_ERROR(r->ReadAt(0, out.data(), out.size()));
+    return out;
+  }
+
+  std::string sub_, dir_;
+  std::unique_ptr<StorageBackend> backend_;
+};
+
+// What only one protocol version has: LOCKT (v4), lease files (v3).
+class NfsV4Faults : public NfsBackendFaults {};
+class NfsV3Faults : public NfsBackendFaults {};
+
+// A RENAME whose reply is lost (it happened) commits. One that failed (it
+// did not happen), followed by a failed look at the temp, is an error: the
+// target having our size (LATEST always has) is no proof it is ours.
+TEST_P(NfsBackendFaults, AFailedRenameIsNotTakenForDoneByTheTargetsSize) {
+  ASSERT_TRUE(Put(*backend_, "LATEST", "step-0001").ok());
+  std::atomic<int> renames{0}, temp_stats{0};
+  {
+    nfs_hooks::Hooks h;
+    h.rename = [&](nfs_context* n, const char*, const char*) {
+      ++renames;
+      // Not done (a server busy, or a reply that never came).
+      return nfs_hooks::Fail(n, -EAGAIN, "rename call failed with \"NFS3ERR_JUKEBOX(-11)\"");
+    };
+    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+      if (!std::strstr(path, ".ckptio-tmp.")) return 1;
+      ++temp_stats;
+      return nfs_hooks::Fail(n, -EIO, "nfs_service failed");  // the look fails too
+    };
+    nfs_hooks::Scope scope(h);
+    Status s = Put(*backend_, "LATEST", "step-0002");
+    EXPECT_FALSE(s.ok()) << "a RENAME that never happened was reported committed";
+  }
+  EXPECT_GE(renames.load(), 1);
+  EXPECT_GE(temp_stats.load(), 1);
+  EXPECT_EQ(ReadLocal(dir_ + "/LATEST"), "step-0001");
+  {
+    nfs_hooks::Hooks h;
+    h.rename = [&](nfs_context* n, const char* a, const char* b) {
+      int rc = nfs_hooks::RealRename(n, a, b);
+      EXPECT_EQ(rc, 0);
+      return nfs_hooks::Fail(n, -EINTR, "Command timed out");  // done, the reply lost
+    };
+    nfs_hooks::Scope scope(h);
+    Status s = Put(*backend_, "LATEST", "step-0003");
+    EXPECT_TRUE(s.ok()) << "a RENAME that happened (reply lost) failed the commit: " << s;
+  }
+  EXPECT_EQ(ReadLocal(dir_ + "/LATEST"), "step-0003");
+}
+
+// libnfs reports a broken connection as EFAULT: that is Unavailable, and
+// not retried as if the file had been replaced.
+TEST_P(NfsBackendFaults, ABrokenConnectionIsUnavailableAndNotRetried) {
+  ASSERT_TRUE(Put(*backend_, "obj", "bytes").ok());
+  std::atomic<int> calls{0};
+  Result<ObjectInfo> info = Status(Code::kInternal, "unset");
+  {
+    nfs_hooks::Hooks h;
+    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+      if (!std::strstr(path, "/obj")) return 1;
+      ++calls;
+      return nfs_hooks::Fail(n, -EFAULT,
+                             "stat call failed with \"RPC ERROR: Failed to reconnect async\"");
+    };
+    nfs_hooks::Scope scope(h);
+    info = backend_->Stat("obj");
+  }
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), Code::kUnavailable) << info.status();
+  EXPECT_TRUE(Contains(info.status().message(), "connection")) << info.status();
+  EXPECT_EQ(calls.load(), 1) << "a transport error was retried: " << info.status();
+}
+
+// libnfs 4.0 fails an NFSv3 READ of a file replaced since it was opened
+// with EFAULT, as it does a broken connection; GETATTR on the handle tells
+// which. A small object replaced between OPEN and READ is opened again (an
+// NFS client must look a replaced name up again); a large one being read
+// fails as Unavailable, saying which it was, never as an internal error.
+TEST_P(NfsBackendFaults, AReadFailingWithEfaultIsTold) {
+  const std::string old_small = RandomBytes(1000, 1), new_small = RandomBytes(1000, 2);
+  ASSERT_TRUE(Put(*backend_, "small", old_small).ok());
+  const std::string big = RandomBytes(3 << 20, 3);
+  ASSERT_TRUE(Put(*backend_, "big", big).ok());
+  std::atomic<int> reads{0};
+  std::atomic<bool> failed_read{false}, stale{true};
+  nfs_hooks::Hooks h;
+  h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+    if (++reads > 1) return nfs_hooks::RealPread(n, fh, off, count, buf);
+    if (stale) ReplaceLocal(dir_ + "/small", new_small);
+    failed_read = true;
+    return nfs_hooks::Fail(n, -EFAULT, "pread call failed with \"F\"");
+  };
+  h.fstat = [&](nfs_context* n, nfsfh* fh, nfs_stat_64* st) {
+    if (!failed_read.exchange(false) || !stale) return nfs_hooks::RealFstat(n, fh, st);
+    return nfs_hooks::Fail(
+        n, -ESTALE, "stat call failed with \"NFS: GETATTR failed with NFS3ERR_STALE(-116)\"");
+  };
+  nfs_hooks::Scope scope(h);
+
+  auto got = Get(*backend_, "small");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, new_small);
+  EXPECT_EQ(reads.load(), 2);
+
+  std::string out(big.size(), '\0');
+  for (bool replaced : {true, false}) {
+    auto reader = backend_->OpenObject("big");
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    reads = 0;
+    stale = replaced;
+    Status s = (*reader)->ReadAt(0, out.data(), out.size());
+    EXPECT_EQ(s.code(), Code::kUnavailable) << s;
+    EXPECT_TRUE(Contains(s.message(), replaced ? "stale" : "connection")) << s;
+  }
+}
+
+// NFSv4 IsLocked: a lock held elsewhere is "locked"; a LOCKT that fails
+// (a timeout, an I/O error) is that error, not "locked".
+TEST_P(NfsV4Faults, IsLockedReportsAFailedTestAsAnError) {
+  auto other = Backend();
+  ASSERT_TRUE(other);
+  {
+    auto lock = other->TryLock("lk");
+    ASSERT_TRUE(lock.ok()) << lock.status();
+    auto locked = backend_->IsLocked("lk");
+    ASSERT_TRUE(locked.ok()) << locked.status();
+    EXPECT_TRUE(*locked);
+  }
+  auto locked = backend_->IsLocked("lk");
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  EXPECT_FALSE(*locked);
+  for (int err : {EIO, ETIMEDOUT}) {
+    nfs_hooks::Hooks h;
+    h.lockf = [&](nfs_context* n, nfsfh*, nfs4_lock_op, uint64_t) {
+      return nfs_hooks::Fail(n, -err, err == EIO ? "nfs_service failed" : "Command timed out");
+    };
+    nfs_hooks::Scope scope(h);
+    auto r = backend_->IsLocked("lk");
+    EXPECT_FALSE(r.ok()) << std::strerror(err) << " read as " << (r.ok() && *r ? "locked" : "free");
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status();
+    }
+  }
+}
+
+// A large Append takes the connection one WRITE at a time: a call made on
+// the same backend while it runs finishes long before the Append does.
+TEST_P(NfsBackendFaults, OtherCallsGoThroughDuringALargeAppend) {
+  ASSERT_TRUE(Put(*backend_, "other", "x").ok());
+  const std::string big = RandomBytes(16 << 20, 5);
+  std::atomic<int> pieces{0};
+  std::promise<void> first;
+  {
+    nfs_hooks::Hooks h;
+    h.pwrite = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, const void* buf) {
+      const int piece = ++pieces;
+      if (piece == 1) first.set_value();
+      if (piece <= 10) std::this_thread::sleep_for(milliseconds(50));  // a slow server
+      return nfs_hooks::RealPwrite(n, fh, off, count, buf);
+    };
+    nfs_hooks::Scope scope(h);
+    auto w = backend_->NewObject("big", WriteMode::kReplace);
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto stat = std::async(std::launch::async, [&] {
+      first.get_future().wait();
+      auto info = backend_->Stat("other");
+      return std::make_pair(info.ok(), pieces.load());
+    });
+    ASSERT_TRUE((*w)->Append(big.data(), big.size()).ok());
+    const int total = pieces.load();
+    auto [ok, pieces_then] = stat.get();
+    EXPECT_TRUE(ok);
+    EXPECT_GE(total, 11);
+    EXPECT_LE(pieces_then, 3) << "Stat waited for " << pieces_then << " of the " << total
+                              << " WRITEs of one Append";
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  EXPECT_TRUE(ReadLocal(dir_ + "/big") == big);
+}
+
+// NFSv3 lease locks: a holder whose lease another client took over (it was
+// paused past its lease) does not write its record back over the new one.
+TEST_P(NfsV3Faults, ARenewalLeavesANewHoldersLeaseAlone) {
+  auto holder = Backend("lease_ms=1000");  // renewed every 333 ms
+  ASSERT_TRUE(holder);
+  auto lock = holder->TryLock("lk");
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  const std::string theirs =
+      "ckptio-lease owner=someone-else expires_ms=" + std::to_string(UnixMs() + 600000) + "\n";
+  ReplaceLocal(dir_ + "/lk", theirs);
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_EQ(ReadLocal(dir_ + "/lk"), theirs) << "the old holder overwrote the new holder's lease";
+  lock->reset();
+  EXPECT_EQ(ReadLocal(dir_ + "/lk"), theirs) << "the old holder removed the new holder's lease";
+  auto locked = backend_->IsLocked("lk");
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  EXPECT_TRUE(*locked);
+}
+
+// NFSv3 lease locks: a lease file is never seen empty, so a client that
+// looks while another is taking the lock cannot judge it expired and break
+// it: of two racing TryLocks exactly one wins, and its lease stays.
+TEST_P(NfsV3Faults, ALeaseBeingTakenIsNeverSeenEmpty) {
+  auto first = Backend();
+  auto second = Backend();
+  ASSERT_TRUE(first && second);
+  std::atomic<bool> fired{false};
+  Result<std::unique_ptr<BackendLock>> inside = Status(Code::kInternal, "never ran");
+  Result<std::unique_ptr<BackendLock>> outside = Status(Code::kInternal, "never ran");
+  {
+    nfs_hooks::Hooks h;
+    h.open2 = [&](nfs_context* n, const char* path, int flags, int mode, nfsfh** fh) {
+      int rc = nfs_hooks::RealOpen2(n, path, flags, mode, fh);
+      // Just after the first client creates its lease (or its lease's temp):
+      // the second one tries.
+      if (rc == 0 && std::strstr(path, "lk") && !fired.exchange(true))
+        inside = second->TryLock("lk");
+      return rc;
+    };
+    nfs_hooks::Scope scope(h);
+    outside = first->TryLock("lk");
+  }
+  ASSERT_TRUE(fired.load());
+  EXPECT_NE(inside.ok(), outside.ok())
+      << "first: " << outside.status() << "; second: " << inside.status();
+  for (const auto* loser : {&inside, &outside}) {
+    if (!loser->ok()) {
+      EXPECT_EQ(loser->status().code(), Code::kFailedPrecondition) << loser->status();
+    }
+  }
+  const std::string lease = ReadLocal(dir_ + "/lk");
+  EXPECT_TRUE(Contains(lease, "expires_ms="))
+      << "the winner's lease is gone or empty: \"" << lease << "\"";
+  auto locked = backend_->IsLocked("lk");
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  EXPECT_TRUE(*locked);
+}
+
+// A folder of the store that is a symbolic link is refused, naming it, and
+// nothing is created or deleted where it points: another folder of the
+// export (step-N -> ../elsewhere: libnfs 4.0 happens to refuse a link with
+// "..") or another step of the store (step-N -> step-M: libnfs follows it,
+// so a delete of step N's files would delete step M's).
+TEST_P(NfsBackendFaults, LinkedFoldersInTheStoreAreRefused) {
+  const std::string outside = FreshFolder("outside");
+  const std::string outside_dir = NfsServer::Shared().export_dir() + "/" + outside;
+  const std::string other_step = dir_ + "/step-000000000041";
+  ASSERT_EQ(::mkdir(other_step.c_str(), 0755), 0);
+  int n = 0;
+  for (const auto& [target, pointee] :
+       {std::make_pair("../" + outside, outside_dir),
+        std::make_pair(std::string("step-000000000041"), other_step)}) {
+    SCOPED_TRACE("a step folder linked to " + target);
+    {
+      std::ofstream f(pointee + "/victim");
+      f << "not this step's";
+    }
+    const std::string step = "step-00000000120" + std::to_string(n++);
+    ASSERT_EQ(::symlink(target.c_str(), (dir_ + "/" + step).c_str()), 0);
+    auto expect_refused = [&](const Status& s, const char* what) {
+      EXPECT_EQ(s.code(), Code::kFailedPrecondition) << what << ": " << s;
+      EXPECT_TRUE(Contains(s.message(), step.c_str()) && Contains(s.message(), "symbolic link"))
+          << what << ": " << s;
+    };
+    expect_refused(Put(*backend_, step + "/model.safetensors", "tensor bytes"), "NewObject");
+    expect_refused(Put(*backend_, step + "/MANIFEST.json", "{}", WriteMode::kCreateExclusive),
+                   "NewObject (exclusive)");
+    expect_refused(backend_->Delete(step + "/victim"), "Delete");
+    expect_refused(backend_->OpenObject(step + "/victim").status(), "OpenObject");
+    expect_refused(backend_->Stat(step + "/victim").status(), "Stat");
+    EXPECT_EQ(ReadLocal(pointee + "/victim"), "not this step's");
+    EXPECT_NE(::access((pointee + "/model.safetensors").c_str(), F_OK), 0);
+    EXPECT_NE(::access((pointee + "/MANIFEST.json").c_str(), F_OK), 0);
+  }
+  // Nor a file where a folder should be.
+  {
+    std::ofstream f(dir_ + "/step-000000001300");
+    f << "a file";
+  }
+  Status s = Put(*backend_, "step-000000001300/x", "bytes");
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Versions, NfsBackendFaults, ::testing::Values(3, 4),
+                         [](const auto& p) { return "v" + std::to_string(p.param); });
+INSTANTIATE_TEST_SUITE_P(Version, NfsV4Faults, ::testing::Values(4),
+                         [](const auto& p) { return "v" + std::to_string(p.param); });
+INSTANTIATE_TEST_SUITE_P(Version, NfsV3Faults, ::testing::Values(3),
+                         [](const auto& p) { return "v" + std::to_string(p.param); });
 
 }  // namespace
 }  // namespace ckptio

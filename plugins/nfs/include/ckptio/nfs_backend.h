@@ -23,22 +23,38 @@
 //   4. CLOSE, checked;
 //   5. RENAME tmp -> name (kReplace), or LINK tmp -> name + REMOVE tmp
 //      (kCreateExclusive). A reply lost after the server acted looks like a
-//      failure, so a failed RENAME or LINK is re-checked: if the temp is gone
-//      and the target is there with our size (RENAME), or the target is the
-//      temp's file (LINK), it happened;
+//      failure, so a failed RENAME or LINK is re-checked against the temp's
+//      file id (read before CLOSE): it happened only if the target is that
+//      file and (RENAME) the temp's name is gone (NFS3ERR_NOENT); any other
+//      answer, an error looking included, fails the commit;
 //   6. nothing more: NFS servers make CREATE, RENAME, LINK and REMOVE
 //      durable before replying (RFC 1813 §3.3, RFC 7530 §18), which is the
 //      directory fsync of the POSIX recipe.
 //
 // Locks: NFSv4 byte-range locks (LOCK/LOCKT, exclusive or shared, over the
-// first byte), kept alive by a thread that renews the client's lease while
-// any lock is held; a dead client's locks go when its lease expires. NFSv3
-// has no lock call in libnfs: exclusive locks are lease files (created
-// O_EXCL, renewed every lease/3, breakable by others once expired); shared
-// locks are Unimplemented, so the file-lock wait mode needs v4 (or the
-// manifest wait mode, which works on both).
+// first byte), each on a connection of its own, kept alive by a thread that
+// renews the client's lease while any lock is held; a dead client's locks go
+// when its lease expires. IsLocked is true only for NFS4ERR_DENIED; a LOCKT
+// that fails otherwise is an error. NFSv3 has no lock call in libnfs:
+// exclusive locks are lease files (the record is written to a temp and
+// LINKed into place, so a lease is never seen empty; renewed every lease/3
+// only while the file still holds our record, else the lock is lost and
+// left to its new holder; breakable by others once expired); shared locks
+// are Unimplemented, so the file-lock wait mode needs v4 (or the manifest
+// wait mode, which works on both).
 //
-// Thread safety: one connection per backend, every call serialised on it.
+// Errors: a broken connection (libnfs: EFAULT, or EIO from its event loop)
+// and a timeout are Unavailable; only an NFS STALE error (a name replaced
+// while we used it) makes a call look the name up again and retry.
+// Symbolic links: libnfs follows them in every folder of a path, so a
+// folder of the store that is a link (step-N -> elsewhere) is refused
+// (FailedPrecondition, naming it) before creating, renaming, linking,
+// removing, opening or stat-ing anything in it, as the POSIX backend does.
+//
+// Thread safety: one connection per backend, shared by every call, writer
+// and reader, taken one RPC (or a few) at a time in arrival order: a large
+// Append or ReadAt goes a WRITE/READ at a time, so other calls and the v3
+// lease renewal never wait for a whole object.
 #ifndef CKPTIO_NFS_BACKEND_H_
 #define CKPTIO_NFS_BACKEND_H_
 
