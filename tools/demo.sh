@@ -40,11 +40,19 @@ a=$(hash_of "$log/a") c=$(hash_of "$log/c")
 say "Summary"
 echo "uninterrupted run, final parameters: $a"
 echo "killed + resumed run, final params:  $c"
-grep -o "writer died before committing step $kill_at" "$log/b" | head -1 |
-  sed 's/^/waiting ranks reported at once: /'
+# Training is a function of the step alone, so equal hashes prove the resume
+# only together with: rank 0 really died, and the relaunch resumed from the
+# newest good step (not from scratch).
+fail() { echo "FAILED: $*" >&2; exit 1; }
+grep -q "rank 0 killed by signal 9" "$log/b" || fail "run 2: rank 0 was not SIGKILLed"
+died=$(grep -c "writer died before committing step $kill_at" "$log/b" || true)
+echo "waiting ranks that reported the dead writer at once: $died of 3"
+[ "$died" = 3 ] || fail "run 2: $died of 3 waiting ranks reported the dead writer"
+grep -q "resumed from step $((kill_at - every))" "$log/c" ||
+  fail "run 3 did not resume from step $((kill_at - every))"
+echo "resumed from step $((kill_at - every)) on every rank"
 if [ -n "$a" ] && [ "$a" = "$c" ]; then
   echo "bit-identical: yes (the crash lost no committed state and left nothing torn to load)"
 else
-  echo "bit-identical: NO" >&2
-  exit 1
+  fail "bit-identical: NO"
 fi

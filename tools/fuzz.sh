@@ -35,6 +35,7 @@ for t in "${targets[@]}"; do
   work=$(mktemp -d)
   cp -r "$root/tests/fuzz/corpus/$t/." "$work/"
   log=$out/fuzz_$t.log
+  rm -f "$out"/crash-"$t"-*  # every artifact of this target (crash, leak, timeout, oom)
   if "$exe" "$work" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
       -artifact_prefix="$out/crash-$t-" -print_final_stats=1 >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
@@ -42,7 +43,8 @@ for t in "${targets[@]}"; do
     passed=$((passed + 1))
   else
     tail -40 "$log"
-    echo "fuzz $t: FAILED (reproducer: $(ls "$out"/crash-$t-* 2>/dev/null | head -1))"
+    repro=$(ls "$out"/crash-"$t"-* 2>/dev/null | head -1 || true)
+    echo "fuzz $t: FAILED (reproducer: ${repro:-none written})"
   fi
   rm -rf "$work"
 done

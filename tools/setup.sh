@@ -45,7 +45,7 @@ if ((${#missing[@]})); then
     sudo=sudo
   fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
 fi
 
@@ -60,7 +60,7 @@ build_tree() {
   local dir=$1
   shift
   if [ ! -f "$dir/build.ninja" ]; then
-    cmake -S "$CKPTIO_ROOT" -B "$dir" -G Ninja "$@" >/dev/null
+    cmake -S "$CKPTIO_ROOT" -B "$dir" -G Ninja "$@" >/dev/null || return
   fi
   echo "setup: building into $dir"
   # shellcheck disable=SC2086

@@ -64,7 +64,9 @@ if [ "$(cat "$CHROOT/.ckptio-packages" 2>/dev/null)" != "$PACKAGES" ]; then
   in_chroot apt-get update -qq >/dev/null || skip "apt-get update in the chroot failed ($MIRROR)"
   # shellcheck disable=SC2086
   in_chroot env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    $PACKAGES >/dev/null || skip "apt-get install in the chroot failed"
+    $PACKAGES >/dev/null ||
+    { echo "torch2-check: apt-get install in the chroot failed (the mirror answered: a package" \
+      "name changed?)"; exit 1; }
   echo "$PACKAGES" >"$CHROOT/.ckptio-packages"
 fi
 echo "torch2-check: LibTorch $(in_chroot dpkg-query -W -f='${Version}' libtorch-dev)," \
@@ -73,7 +75,8 @@ echo "torch2-check: LibTorch $(in_chroot dpkg-query -W -f='${Version}' libtorch-
 # The tree, as it is now (what git would commit, plus untracked files).
 rm -rf --one-file-system "$CHROOT/work/ckptio"
 mkdir -p "$CHROOT/work/ckptio"
-(cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) |
+(cd "$ROOT" && git -c safe.directory="$ROOT" ls-files -co --exclude-standard -z |
+  tar --null -T - -cf -) |
   tar -C "$CHROOT/work/ckptio" -xf -
 
 in_chroot env CCACHE_DIR=/root/.ccache CCACHE_BASEDIR=/work/ckptio CCACHE_NOHASHDIR=true \

@@ -64,8 +64,36 @@ void Say(int fd, const std::string& line) {
   (void)!::write(fd, s.data(), s.size());
 }
 
-// A backend that SIGKILLs the process when an object whose key contains
-// `marker` is started, for --kill-rank0-during-save.
+// An object writer that SIGKILLs the process in its first Append, after
+// passing the bytes on: the object is left half-written in its temp file.
+class KillingWriter : public ckptio::ObjectWriter {
+ public:
+  KillingWriter(std::unique_ptr<ckptio::ObjectWriter> inner, std::string key)
+      : inner_(std::move(inner)), key_(std::move(key)) {}
+  ckptio::Status Append(const void* data, size_t size) override {
+    ckptio::Status s = inner_->Append(data, size);
+    Die();
+    return s;
+  }
+  ckptio::Status Commit() override {
+    Die();
+    return inner_->Commit();
+  }
+
+ private:
+  void Die() {
+    Say(2, "rank 0: --kill-rank0-during-save: SIGKILL while writing " + key_ +
+               " (the step's first object is already committed)");
+    ::raise(SIGKILL);
+  }
+  std::unique_ptr<ckptio::ObjectWriter> inner_;
+  std::string key_;
+};
+
+// For --kill-rank0-during-save: a backend that lets the first object whose
+// key contains `marker` (the step's folder) commit, then SIGKILLs the
+// process in the middle of the second, so the step is left torn: one
+// committed object, one temp file, no manifest.
 class KillingBackend : public ckptio::StorageBackend {
  public:
   KillingBackend(std::unique_ptr<ckptio::StorageBackend> inner, std::string marker)
@@ -73,11 +101,10 @@ class KillingBackend : public ckptio::StorageBackend {
   std::string Uri() const override { return inner_->Uri(); }
   ckptio::Result<std::unique_ptr<ckptio::ObjectWriter>> NewObject(std::string_view key,
                                                                   ckptio::WriteMode mode) override {
-    if (key.find(marker_) != std::string_view::npos) {
-      Say(2, "rank 0: --kill-rank0-during-save: SIGKILL while writing " + std::string(key));
-      ::raise(SIGKILL);
-    }
-    return inner_->NewObject(key, mode);
+    auto w = inner_->NewObject(key, mode);
+    if (!w.ok() || key.find(marker_) == std::string_view::npos || ++objects_ < 2) return w;
+    return std::unique_ptr<ckptio::ObjectWriter>(
+        std::make_unique<KillingWriter>(std::move(*w), std::string(key)));
   }
   ckptio::Result<std::unique_ptr<ckptio::ObjectReader>> OpenObject(std::string_view key) override {
     return inner_->OpenObject(key);
@@ -98,6 +125,7 @@ class KillingBackend : public ckptio::StorageBackend {
  private:
   std::unique_ptr<ckptio::StorageBackend> inner_;
   std::string marker_;
+  int objects_ = 0;
 };
 
 int Fail(const ckptio::RankInfo& rank, const std::string& what, const ckptio::Status& s) {

@@ -27,11 +27,12 @@
 
 namespace {
 
-volatile sig_atomic_t g_forward = 0;
-// Forwarded to every rank's process group.
+// Forwarded to every rank's process group; one pending flag per signal, so
+// a SIGUSR1 followed at once by a SIGTERM forwards both.
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+volatile sig_atomic_t g_pending[NSIG] = {};
 
-void OnSignal(int sig) { g_forward = sig; }
+void OnSignal(int sig) { g_pending[sig] = 1; }
 
 int FreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -115,9 +116,16 @@ int Run(int argc, char** argv) {
       ::sigprocmask(SIG_SETMASK, &before, nullptr);
       std::cerr << "ckptio-launch: cannot start rank " << rank << ": fork: " << std::strerror(err)
                 << "; stopping the ranks already started\n";
+      // SIGTERM, then SIGKILL after 5 s for a rank that ignores it.
       signal_all(SIGTERM);
-      for (pid_t p : pids)
-        if (p > 0) ::waitpid(p, nullptr, 0);
+      const auto kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      for (pid_t& p : pids) {
+        while (p > 0 && ::waitpid(p, nullptr, WNOHANG) == 0) {
+          if (std::chrono::steady_clock::now() > kill_at) ::kill(-p, SIGKILL);
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        p = -1;
+      }
       return 1;
     }
     if (pid == 0) {
@@ -156,9 +164,10 @@ int Run(int argc, char** argv) {
   auto failed_at = std::chrono::steady_clock::time_point::max();
   bool termed = false;
   while (remaining > 0) {
-    if (g_forward) {
-      signal_all(g_forward);
-      g_forward = 0;
+    for (int sig : kForwarded) {
+      if (!g_pending[sig]) continue;
+      g_pending[sig] = 0;  // cleared first: one arriving now is forwarded next time round
+      signal_all(sig);
     }
     int status = 0;
     pid_t done = ::waitpid(-1, &status, WNOHANG);
