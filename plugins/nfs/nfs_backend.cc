@@ -103,6 +103,7 @@ class Connection {
     }
     wake.notify_all();
     if (keepalive.joinable()) keepalive.join();
+    ReleaseContext(lease_ctx, lease_failed);
     ReleaseContext(ctx, failed.count(ctx) > 0);
     for (auto* old : retired) ReleaseContext(old, failed.count(old) > 0);
   }
@@ -129,26 +130,54 @@ class Connection {
     return OkStatus();
   }
 
+  // Called at the start of every operation (callers hold mu). A context
+  // that saw a transport error or a timeout stays broken (libnfs's
+  // autoreconnect is off: it would resend writes a rebooted server lost
+  // before their COMMIT), so it is replaced by a fresh mount. Objects opened
+  // on it fail (see Broken): they are never continued on the new one.
+  Status EnsureConnected() {
+    if (!failed.count(ctx)) return OkStatus();
+    return Reconnect().WithContext("reconnecting after a failed connection to " + uri);
+  }
+  // Whether `on` saw a transport error (callers hold mu).
+  bool Broken(struct nfs_context* on) const { return failed.count(on) > 0; }
+  Status BrokenError(const std::string& what) const {
+    return Status(Code::kUnavailable, what + " on " + uri +
+                                          ": the connection it was opened on failed earlier; "
+                                          "it is not continued on a new one");
+  }
+
   // A Status for libnfs result `rc` (-errno) of `what`.
   Status Error(int rc, const std::string& what) const { return ErrorOn(ctx, rc, what); }
+  enum class Kind { kTimeout, kStale, kTransport, kOther };
+  // What libnfs result `rc` (-errno) with error text `detail` means.
+  static Kind Classify(int rc, const char* detail) {
+    auto says = [&](const char* text) { return detail && std::strstr(detail, text); };
+    const int err = rc < 0 ? -rc : EIO;
+    if (err == ETIMEDOUT || says("timed out")) return Kind::kTimeout;
+    // (libnfs 4.0 reports NFS4ERR_STALE as EIO.)
+    if (err == ESTALE || (err == EIO && says("NFS4ERR_STALE("))) return Kind::kStale;
+    // libnfs reports a broken connection (an RPC that failed in transport,
+    // a socket error, a reply it could not decode) as EFAULT, or as EIO
+    // from its event loop: the server may or may not have acted.
+    if (err == EFAULT ||
+        (err == EIO && (says("nfs_service failed") || says("RPC ERROR") || says("Poll failed"))))
+      return Kind::kTransport;
+    return Kind::kOther;
+  }
   Status ErrorOn(struct nfs_context* on, int rc, const std::string& what) const {
     const char* detail = on ? nfs_get_error(on) : nullptr;
-    auto says = [&](const char* text) { return detail && std::strstr(detail, text); };
     int err = rc < 0 ? -rc : EIO;
     std::string msg = what + " on " + uri;
     if (detail && *detail) msg += " (" + std::string(detail) + ")";
     Status s;
-    if (err == ETIMEDOUT || says("timed out")) {
+    const Kind kind = Classify(rc, detail);
+    if (kind == Kind::kTimeout) {
       s = Status(Code::kUnavailable, msg + ": the server did not answer within " +
                                          std::to_string(options.timeout.count()) + " ms");
-    } else if (err == ESTALE || (err == EIO && says("NFS4ERR_STALE("))) {
-      // (libnfs 4.0 reports NFS4ERR_STALE as EIO.)
+    } else if (kind == Kind::kStale) {
       return Status(Code::kUnavailable, msg + ": " + kStaleHandle);
-    } else if (err == EFAULT || (err == EIO && (says("nfs_service failed") || says("RPC ERROR") ||
-                                                says("Poll failed")))) {
-      // libnfs reports a broken connection (an RPC that failed in transport,
-      // a socket error, a reply it could not decode) as EFAULT, or as EIO
-      // from its event loop: the server may or may not have acted.
+    } else if (kind == Kind::kTransport) {
       s = Status(Code::kUnavailable, msg + ": the connection to the server failed (" +
                                          std::strerror(err) +
                                          "); the call may or may not have taken effect");
@@ -224,10 +253,47 @@ class Connection {
     if (rc < 0) return Error(rc, "open " + path);
     char buf[512];
     rc = nfs_pread(ctx, fh, 0, sizeof buf, buf);
-    Status s = rc < 0 ? Error(rc, "read " + path) : OkStatus();
+    Status s = rc < 0 ? ReadError(ctx, fh, rc, "read " + path) : OkStatus();
     (void)nfs_close(ctx, fh);
     if (!s.ok()) return s;
     out->assign(buf, static_cast<size_t>(rc));
+    return OkStatus();
+  }
+
+  // The Status for a failed READ (result `rc`) of `fh` on `on` (callers
+  // hold mu). libnfs 4.0 fails an NFSv3 READ of a file replaced (by a
+  // rename) since it was opened with EFAULT, as it does a broken
+  // connection: GETATTR on the handle tells which.
+  Status ReadError(struct nfs_context* on, struct nfsfh* fh, int rc, const std::string& what) {
+    if (rc == -EFAULT) {
+      struct nfs_stat_64 st;
+      int probe = nfs_fstat64(on, fh, &st);
+      if (probe == -ESTALE) return ErrorOn(on, probe, what);
+    }
+    return ErrorOn(on, rc, what);
+  }
+
+  // v3: a connection of its own for renewing lease files, so that a long
+  // COMMIT or a call waiting out timeout_ms on the data connection never
+  // delays a renewal past the lease. Made (again, once it failed) here;
+  // callers do not hold locks_mu.
+  Status RefreshLeaseConnection() {
+    {
+      std::lock_guard<std::mutex> l(locks_mu);
+      if (lease_ctx && !lease_failed) return OkStatus();
+    }
+    std::string path = export_path;
+    CKPTIO_ASSIGN_OR_RETURN(
+        struct nfs_context * fresh,
+        Connect(options, options.client_name + ".lease" + std::to_string(counter++), &path));
+    std::lock_guard<std::mutex> l(locks_mu);
+    if (lease_ctx && !lease_failed) {  // made meanwhile by another caller
+      ReleaseContext(fresh, false);
+    } else {
+      ReleaseContext(lease_ctx, lease_failed);
+      lease_ctx = fresh;
+      lease_failed = false;
+    }
     return OkStatus();
   }
 
@@ -239,9 +305,10 @@ class Connection {
     struct nfs_context* ctx = nullptr;  // v4: the lock's own connection
     struct nfsfh* fh = nullptr;         // v4: the open file the lock is on
     std::string path;
-    std::string record;   // v3: our lease record, as the lease file holds it
-    std::string pending;  // v3: a renewal whose WRITE failed (it may have landed)
-    bool lost = false;    // v3: the lease file no longer holds our record
+    std::string record;            // v3: our lease record, as the lease file holds it
+    std::string pending;           // v3: a renewal whose WRITE failed (it may have landed)
+    bool lost = false;             // v3: the lease file no longer holds our record
+    int64_t missing_since_ms = 0;  // v3: when a renewal first found no lease file
     bool Ours(const std::string& seen) const {
       return seen == record || (!pending.empty() && seen == pending);
     }
@@ -262,8 +329,10 @@ class Connection {
   std::string root;         // the store's folder, relative to the mount ("" or "/a/b")
   size_t max_write = kWriteBuffer;
   FairMutex mu;         // ctx, retired, failed, reconnects; every call on them
-  std::mutex locks_mu;  // held, stop; the v4 lock connections
+  std::mutex locks_mu;  // held, stop, lease_ctx, lease_failed; the v4 lock connections
   std::map<std::string, Held> held;
+  struct nfs_context* lease_ctx = nullptr;  // v3: see RefreshLeaseConnection
+  bool lease_failed = false;                // lease_ctx saw a transport error
   std::atomic<uint64_t> counter{0};
   std::vector<struct nfs_context*> retired;      // replaced by Reconnect
   mutable std::set<struct nfs_context*> failed;  // transport errors seen on these
@@ -286,45 +355,70 @@ class Connection {
         }
         continue;
       }
-      // v3: the lease files are on the main connection (mu before locks_mu).
-      g.unlock();
-      {
-        std::lock_guard<FairMutex> m(mu);
-        std::lock_guard<std::mutex> l(locks_mu);
-        if (!stop) RenewLeases();
+      // v3: on the lease connection, never waiting for mu.
+      if (held.empty()) continue;
+      if (!lease_ctx || lease_failed) {
+        g.unlock();
+        (void)RefreshLeaseConnection();  // else try again next period
+        g.lock();
+        if (stop) break;
+        if (!lease_ctx || lease_failed) continue;
       }
-      g.lock();
+      RenewLeases();
     }
   }
 
-  // Rewrites each v3 lease file that still holds our record (callers hold
-  // mu and locks_mu), read and written through one open handle: should a
+  // Rewrites each v3 lease file that still holds our record, on lease_ctx
+  // (callers hold locks_mu), read and written through one open handle: should a
   // breaker move the file aside between the two, our write lands on the
   // file it moved, which it then finds changed and puts back. A lease file
   // that no longer holds our record was broken by another client (we were
   // paused past the lease): the lock is lost and never written again, so
   // the new holder's record stands (the writer fence catches the rest).
+  // A lease file that is missing is not taken for lost at once: a breaker
+  // of an expired lease moves it aside and puts back one it finds renewed,
+  // so it vanishes briefly. Only one missing for longer than the lease is
+  // lost. A transport error replaces lease_ctx before the next renewal.
   void RenewLeases() {
+    struct nfs_context* on = lease_ctx;
+    auto transport = [&](int rc) {
+      const Kind kind = Classify(rc, nfs_get_error(on));
+      if (kind == Kind::kTimeout || kind == Kind::kTransport) lease_failed = true;
+    };
     for (auto& [key, h] : held) {
-      if (h.lost) continue;
+      if (h.lost || lease_failed) continue;
       struct nfsfh* fh = nullptr;
-      int rc = nfs_open(ctx, h.path.c_str(), O_RDWR, &fh);
-      if (rc == -ENOENT) h.lost = true;
-      if (rc < 0) continue;  // else try again next period
+      int rc = nfs_open(on, h.path.c_str(), O_RDWR, &fh);
+      if (rc == -ENOENT) {
+        const int64_t now = NowMs();
+        if (h.missing_since_ms == 0)
+          h.missing_since_ms = now;
+        else if (now - h.missing_since_ms > options.lease.count())
+          h.lost = true;
+        continue;
+      }
+      if (rc < 0) {  // try again next period
+        transport(rc);
+        continue;
+      }
+      h.missing_since_ms = 0;
       char buf[512];
-      rc = nfs_pread(ctx, fh, 0, sizeof buf, buf);
+      rc = nfs_pread(on, fh, 0, sizeof buf, buf);
+      if (rc < 0) transport(rc);
       if (rc >= 0 && !h.Ours(std::string(buf, static_cast<size_t>(rc)))) h.lost = true;
       if (rc >= 0 && !h.lost) {
         h.record.assign(buf, static_cast<size_t>(rc));
         h.pending = LeaseRecord();
-        bool ok = nfs_pwrite(ctx, fh, 0, h.pending.size(), h.pending.data()) ==
-                  static_cast<int>(h.pending.size());
-        if (ok && nfs_fsync(ctx, fh) == 0) {
+        rc = nfs_pwrite(on, fh, 0, h.pending.size(), h.pending.data());
+        if (rc == static_cast<int>(h.pending.size())) rc = nfs_fsync(on, fh);
+        if (rc == 0) {
           h.record = std::move(h.pending);
           h.pending.clear();
+        } else if (rc < 0) {
+          transport(rc);
         }
       }
-      (void)nfs_close(ctx, fh);
+      (void)nfs_close(on, fh);
     }
   }
 
@@ -383,6 +477,7 @@ class NfsWriter : public ObjectWriter {
     std::string().swap(buffer_);
     std::lock_guard<FairMutex> g(c_->mu);
     if (!s.ok()) return Abandon(s);
+    if (c_->Broken(ctx_)) return Abandon(c_->BrokenError("commit " + tmp_));
     int rc = nfs_fsync(ctx_, fh_);  // COMMIT: the bytes are on stable storage
     if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fsync (COMMIT) " + tmp_));
     // The temp's file id, to recognise it under the target's name if the
@@ -395,8 +490,15 @@ class NfsWriter : public ObjectWriter {
     fh_ = nullptr;
     if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "close " + tmp_));
     // Not through a folder swapped for a symbolic link since NewObject.
+    // Nor is the temp removed through it (that would remove whatever has
+    // the temp's name where the link points): it is left, and said so.
     Status linked = c_->RefuseLinkedFolders(key_);
-    if (!linked.ok()) return Abandon(linked);
+    if (!linked.ok()) {
+      const std::string left = tmp_;
+      tmp_.clear();
+      return linked.WithContext("commit " + target_ + " (its temp " + left +
+                                " is left in place: not removed through the link)");
+    }
     if (mode_ == WriteMode::kReplace) {
       rc = nfs_rename(ctx_, tmp_.c_str(), target_.c_str());
       if (rc < 0) {
@@ -433,6 +535,7 @@ class NfsWriter : public ObjectWriter {
     size_t done = 0;
     while (done < size) {
       std::lock_guard<FairMutex> g(c_->mu);
+      if (c_->Broken(ctx_)) return c_->BrokenError("write " + tmp_);
       size_t n = std::min(c_->max_write, size - done);
       int rc = nfs_pwrite(ctx_, fh_, offset_, n, p + done);
       if (rc < 0) return c_->ErrorOn(ctx_, rc, "write " + tmp_);
@@ -516,6 +619,7 @@ class NfsReader : public ObjectReader {
     while (size > 0) {
       const size_t n = std::min(size, c_->max_write * 16);
       std::lock_guard<FairMutex> g(c_->mu);
+      if (c_->Broken(ctx_)) return c_->BrokenError("read " + path_);
       CKPTIO_RETURN_IF_ERROR(ReadLocked(offset, p, n));
       p += n;
       offset += n;
@@ -539,15 +643,7 @@ class NfsReader : public ObjectReader {
     while (size > 0) {
       size_t n = std::min(size, c_->max_write * 16);
       int rc = nfs_pread(ctx_, fh_, offset, n, p);
-      if (rc == -EFAULT) {
-        // libnfs 4.0 fails an NFSv3 READ of a file replaced (by a rename)
-        // since we opened it with EFAULT, as it does a broken connection:
-        // GETATTR on the handle tells which.
-        struct nfs_stat_64 st;
-        int probe = nfs_fstat64(ctx_, fh_, &st);
-        if (probe == -ESTALE) return c_->ErrorOn(ctx_, probe, "read " + path_);
-      }
-      if (rc < 0) return c_->ErrorOn(ctx_, rc, "read " + path_);
+      if (rc < 0) return c_->ReadError(ctx_, fh_, rc, "read " + path_);
       if (rc == 0)
         return Status(Code::kDataLoss, c_->uri + ": " + path_ + " ends at byte " +
                                            std::to_string(offset) + " (truncated object?)");
@@ -588,7 +684,7 @@ class NfsLock : public BackendLock {
       ReleaseContext(h.ctx, !ok);
     } else if (!h.lost) {  // v3: remove the lease file if it is still ours
       std::string now;
-      if (c_->ReadSmallFile(h.path, &now).ok() && h.Ours(now))
+      if (c_->EnsureConnected().ok() && c_->ReadSmallFile(h.path, &now).ok() && h.Ours(now))
         (void)nfs_unlink(c_->ctx, h.path.c_str());
     }
     c_->held.erase(it);
@@ -670,6 +766,7 @@ class NfsBackend : public StorageBackend {
         slash == std::string_view::npos ? c_->Path("") : c_->Path(key.substr(0, slash));
     const std::string tmp = dir + "/" + TempObjectName(base);
     std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
     struct nfsfh* fh = nullptr;
     int rc = nfs_open2(c_->ctx, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
@@ -682,6 +779,7 @@ class NfsBackend : public StorageBackend {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const std::string path = c_->Path(key);
     std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
     CKPTIO_ASSIGN_OR_RETURN(uint64_t size, RegularFileSize(path));
     struct nfsfh* fh = nullptr;
@@ -706,6 +804,7 @@ class NfsBackend : public StorageBackend {
   Result<ObjectInfo> StatOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
     CKPTIO_ASSIGN_OR_RETURN(uint64_t size, RegularFileSize(c_->Path(key)));
     return ObjectInfo{size};
@@ -718,6 +817,7 @@ class NfsBackend : public StorageBackend {
     if (!dir_key.empty()) CKPTIO_RETURN_IF_ERROR(ValidateKey(dir_key));
     std::vector<std::string> out;
     std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     struct nfs_stat_64 st;
     int rc = nfs_lstat64(c_->ctx, c_->Path(dir_key).c_str(), &st);
     if (rc < 0 || !S_ISDIR(st.nfs_mode)) {
@@ -739,6 +839,7 @@ class NfsBackend : public StorageBackend {
   Status DeleteOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     const std::string path = c_->Path(key);
     CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
     struct nfs_stat_64 st;
@@ -763,6 +864,7 @@ class NfsBackend : public StorageBackend {
   Result<bool> IsLockedOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     {
       std::lock_guard<std::mutex> l(c_->locks_mu);
       auto it = c_->held.find(std::string(key));
@@ -783,27 +885,27 @@ class NfsBackend : public StorageBackend {
     rc = nfs_lockf(c_->ctx, fh, NFS4_F_TEST, kLockBytes);  // LOCKT
     // Locked only if the server said so (NFS4ERR_DENIED); a timeout or an
     // I/O error is that error, not "locked".
-    const bool denied = rc < 0 && LockDenied(rc, nfs_get_error(c_->ctx));
+    const bool denied = rc < 0 && LockDenied(nfs_get_error(c_->ctx));
     Status s = rc < 0 && !denied ? c_->Error(rc, "test lock " + path) : OkStatus();
     (void)nfs_close(c_->ctx, fh);
     if (!s.ok()) return s;
     return denied;
   }
 
-  // Whether libnfs result `rc` (error text `detail`) of a LOCK or LOCKT
-  // says another client holds the lock: NFS4ERR_DENIED (libnfs 4.0 returns
-  // EIO or ERANGE for it, naming it in the error text it sets on every
-  // failure), or EACCES/EAGAIN as fcntl would (libnfs 4.0 also returns
-  // EAGAIN for NFS4ERR_EXPIRED: that is not it).
-  static bool LockDenied(int rc, const char* detail) {
-    auto says = [&](const char* text) { return detail && std::strstr(detail, text); };
-    return says("NFS4ERR_DENIED") || rc == -EACCES || (rc == -EAGAIN && !says("NFS4ERR_EXPIRED"));
+  // Whether a failed LOCK or LOCKT (error text `detail`) says another
+  // client holds the lock: NFS4ERR_DENIED, which libnfs 4.0 names in the
+  // error text it sets on every failure (its errno for it, EIO or ERANGE,
+  // says nothing). EACCES (NFS4ERR_ACCESS) and EAGAIN (NFS4ERR_EXPIRED,
+  // NFS4ERR_FHEXPIRED...) are errors, not "locked".
+  static bool LockDenied(const char* detail) {
+    return detail && std::strstr(detail, "NFS4ERR_DENIED");
   }
 
   Result<std::unique_ptr<BackendLock>> TryLockOnce(std::string_view key, LockMode mode) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const std::string path = c_->Path(key);
     std::lock_guard<FairMutex> g(c_->mu);
+    CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     {
       std::lock_guard<std::mutex> l(c_->locks_mu);
       if (c_->held.count(std::string(key)))
@@ -818,6 +920,7 @@ class NfsBackend : public StorageBackend {
                       c_->uri +
                           ": NFSv3 through libnfs has no shared locks; use version=4, "
                           "or the manifest wait mode");
+      CKPTIO_RETURN_IF_ERROR(c_->RefreshLeaseConnection());
       CKPTIO_RETURN_IF_ERROR(TakeLease(path, &h.record));
     } else {
       std::string export_path = c_->export_path;
@@ -848,7 +951,7 @@ class NfsBackend : public StorageBackend {
       rc = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl);
       if (rc < 0) {
         // NFS4ERR_DENIED: somebody else holds it (not a failed connection).
-        const bool denied = LockDenied(rc, nfs_get_error(h.ctx));
+        const bool denied = LockDenied(nfs_get_error(h.ctx));
         Status s = denied ? Status(Code::kFailedPrecondition,
                                    path + " is locked by another client (" + c_->uri + ")")
                           : c_->ErrorOn(h.ctx, rc, "lock " + path);
@@ -924,11 +1027,20 @@ class NfsBackend : public StorageBackend {
       // the record we judged (not a fresh lease someone took meanwhile).
       const std::string aside = path + ".broken." + RandomHex();
       if (nfs_rename(c_->ctx, path.c_str(), aside.c_str()) < 0) continue;
+      // Only a file positively read as the expired record is deleted: one
+      // we could not read may be a live lease taken after we looked.
       std::string moved;
-      if (c_->ReadSmallFile(aside, &moved).ok() && moved != seen) {
-        (void)nfs_link(c_->ctx, aside.c_str(), path.c_str());  // put it back
-        (void)nfs_unlink(c_->ctx, aside.c_str());
-        return Status(Code::kFailedPrecondition, path + " is locked by another client");
+      Status read = c_->ReadSmallFile(aside, &moved);
+      if (!read.ok() || moved != seen) {
+        // Put it back; the aside name goes only once the lease is back in
+        // place (else it is left, rather than a live lease deleted).
+        const bool back = nfs_link(c_->ctx, aside.c_str(), path.c_str()) == 0;
+        if (back) (void)nfs_unlink(c_->ctx, aside.c_str());
+        const std::string left = back ? "" : " (left at " + aside + ")";
+        if (!read.ok())
+          return read.WithContext("breaking the expired lease " + path +
+                                  ": could not read what was moved aside" + left);
+        return Status(Code::kFailedPrecondition, path + " is locked by another client" + left);
       }
       (void)nfs_unlink(c_->ctx, aside.c_str());
     }

@@ -5,9 +5,11 @@
 // lost, locks that change hands, and links planted in the store.
 #include "ckptio/nfs_backend.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -71,9 +73,25 @@ class Scope {
   }
 };
 
+// The next definition of `name` (libnfs's); aborts, naming it, if there is
+// none (the hooks would otherwise call through a null pointer).
+void* Next(const char* name) {
+  void* fn = ::dlsym(RTLD_NEXT, name);
+  if (!fn) {
+    std::fprintf(stderr,
+                 "nfs_hooks: dlsym(RTLD_NEXT, \"%s\") found nothing (%s): is the test "
+                 "linked with libnfs?\n",
+                 name, [] {
+                   const char* why = ::dlerror();
+                   return why ? why : "no later definition";
+                 }());
+    std::abort();
+  }
+  return fn;
+}
 template <typename Fn>
 Fn Real(Fn, const char* name) {
-  return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+  return reinterpret_cast<Fn>(Next(name));
 }
 #define CKPTIO_REAL(fn) (nfs_hooks::Real(&::fn, #fn))
 
@@ -111,8 +129,8 @@ int RealFstat(nfs_context* n, nfsfh* fh, nfs_stat_64* st) {
 int Fail(nfs_context* n, int rc, const std::string& text) {
   // libnfs's own setter: exported, though not in its header.
   using SetError = void (*)(nfs_context*, char*, ...);
-  static auto set_error = reinterpret_cast<SetError>(::dlsym(RTLD_NEXT, "nfs_set_error"));
-  if (set_error) set_error(n, const_cast<char*>("%s"), text.c_str());
+  static auto set_error = reinterpret_cast<SetError>(Next("nfs_set_error"));
+  set_error(n, const_cast<char*>("%s"), text.c_str());
   return rc;
 }
 
@@ -593,19 +611,42 @@ TEST_P(NfsV4Faults, IsLockedReportsAFailedTestAsAnError) {
   }
 }
 
-// A large Append takes the connection one WRITE at a time: a call made on
-// the same backend while it runs finishes long before the Append does.
+// Whether thread `tid` of this process is asleep (blocked), from /proc.
+bool ThreadSleeping(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
+}
+
+// A large Append takes the connection one WRITE at a time: a Stat made on
+// the same backend while it runs gets in between two WRITEs. The 2nd WRITE
+// is held in the hook until that Stat has returned (and the 1st until the
+// Stat is waiting for the connection), with deadlines, so a regression
+// fails rather than hangs, and no timing margin decides the result.
 TEST_P(NfsBackendFaults, OtherCallsGoThroughDuringALargeAppend) {
   ASSERT_TRUE(Put(*backend_, "other", "x").ok());
   const std::string big = RandomBytes(16 << 20, 5);
   std::atomic<int> pieces{0};
-  std::promise<void> first;
+  std::atomic<pid_t> stat_tid{0};
+  std::promise<void> first, stat_done;
+  std::shared_future<void> stat_returned = stat_done.get_future().share();
+  std::atomic<bool> stat_was_waiting{false}, held_until_stat{false};
   {
     nfs_hooks::Hooks h;
     h.pwrite = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, const void* buf) {
       const int piece = ++pieces;
-      if (piece == 1) first.set_value();
-      if (piece <= 10) std::this_thread::sleep_for(milliseconds(50));  // a slow server
+      if (piece == 1) {
+        first.set_value();
+        const auto deadline = Clock::now() + std::chrono::seconds(10);
+        while (Clock::now() < deadline && !(stat_tid.load() && ThreadSleeping(stat_tid.load())))
+          std::this_thread::sleep_for(milliseconds(1));
+        stat_was_waiting = stat_tid.load() && ThreadSleeping(stat_tid.load());
+      } else if (piece == 2) {
+        held_until_stat =
+            stat_returned.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+      }
       return nfs_hooks::RealPwrite(n, fh, off, count, buf);
     };
     nfs_hooks::Scope scope(h);
@@ -613,16 +654,22 @@ TEST_P(NfsBackendFaults, OtherCallsGoThroughDuringALargeAppend) {
     ASSERT_TRUE(w.ok()) << w.status();
     auto stat = std::async(std::launch::async, [&] {
       first.get_future().wait();
+      stat_tid = static_cast<pid_t>(::gettid());
       auto info = backend_->Stat("other");
-      return std::make_pair(info.ok(), pieces.load());
+      const int then = pieces.load();
+      stat_done.set_value();
+      return std::make_pair(info.ok(), then);
     });
     ASSERT_TRUE((*w)->Append(big.data(), big.size()).ok());
     const int total = pieces.load();
     auto [ok, pieces_then] = stat.get();
     EXPECT_TRUE(ok);
-    EXPECT_GE(total, 11);
-    EXPECT_LE(pieces_then, 3) << "Stat waited for " << pieces_then << " of the " << total
-                              << " WRITEs of one Append";
+    EXPECT_TRUE(stat_was_waiting.load()) << "the Stat never waited for the connection";
+    EXPECT_GE(total, 3);
+    EXPECT_TRUE(held_until_stat.load())
+        << "the Stat did not return while the 2nd WRITE was held (it returned after " << pieces_then
+        << " of the " << total << " WRITEs of one Append)";
+    EXPECT_LE(pieces_then, 2);
     ASSERT_TRUE((*w)->Commit().ok());
   }
   EXPECT_TRUE(ReadLocal(dir_ + "/big") == big);
@@ -729,6 +776,188 @@ TEST_P(NfsBackendFaults, LinkedFoldersInTheStoreAreRefused) {
   }
   Status s = Put(*backend_, "step-000000001300/x", "bytes");
   EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s;
+}
+
+// A broken connection (libnfs's autoreconnect is off) is replaced by a
+// fresh mount at the next call: one transport error does not disable the
+// backend. An object being written on the broken connection fails rather
+// than carry on over the new one.
+TEST_P(NfsBackendFaults, TheNextCallAfterABrokenConnectionReconnects) {
+  ::signal(SIGPIPE, SIG_IGN);  // writes on the shut-down socket
+  ASSERT_TRUE(Put(*backend_, "obj", "bytes").ok());
+  auto open_writer = backend_->NewObject("half", WriteMode::kReplace);
+  ASSERT_TRUE(open_writer.ok()) << open_writer.status();
+  ASSERT_TRUE((*open_writer)->Append("abc", 3).ok());
+  {
+    nfs_hooks::Hooks h;
+    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+      if (!std::strstr(path, "/obj")) return 1;
+      ::shutdown(nfs_get_fd(n), SHUT_RDWR);  // the connection really breaks
+      return nfs_hooks::Fail(n, -EFAULT, "stat call failed with \"RPC ERROR: socket closed\"");
+    };
+    nfs_hooks::Scope scope(h);
+    auto info = backend_->Stat("obj");
+    ASSERT_FALSE(info.ok());
+    EXPECT_EQ(info.status().code(), Code::kUnavailable) << info.status();
+  }
+  auto info = backend_->Stat("obj");
+  ASSERT_TRUE(info.ok()) << "the backend stayed broken after one transport error: "
+                         << info.status();
+  EXPECT_EQ(info->size, 5u);
+  Status put = Put(*backend_, "new", "fresh");
+  EXPECT_TRUE(put.ok()) << put;
+  EXPECT_EQ(ReadLocal(dir_ + "/new"), "fresh");
+  Status half = (*open_writer)->Commit();
+  EXPECT_EQ(half.code(), Code::kUnavailable) << half;
+  EXPECT_NE(::access((dir_ + "/half").c_str(), F_OK), 0);
+}
+
+// A commit whose folder was swapped for a symbolic link after NewObject is
+// refused, and the temp is not removed through the link (which would remove
+// whatever has the temp's name where it points).
+TEST_P(NfsBackendFaults, ACommitRefusedForALinkedFolderRemovesNothingThroughIt) {
+  const std::string step = "step-000000000050", other = "step-000000000051";
+  ASSERT_EQ(::mkdir((dir_ + "/" + step).c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir_ + "/" + other).c_str(), 0755), 0);
+  auto w = backend_->NewObject(step + "/obj", WriteMode::kReplace);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append("x", 1).ok());
+  std::string temp;
+  if (DIR* d = ::opendir((dir_ + "/" + step).c_str())) {
+    while (struct dirent* e = ::readdir(d))
+      if (std::strstr(e->d_name, ".ckptio-tmp.")) temp = e->d_name;
+    ::closedir(d);
+  }
+  ASSERT_FALSE(temp.empty());
+  ASSERT_EQ(std::rename((dir_ + "/" + step).c_str(), (dir_ + "/moved").c_str()), 0);
+  ASSERT_EQ(::symlink(other.c_str(), (dir_ + "/" + step).c_str()), 0);
+  {
+    std::ofstream f(dir_ + "/" + other + "/" + temp);
+    f << "victim";
+  }
+  Status s = (*w)->Commit();
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(s.message(), "symbolic link")) << s;
+  w->reset();
+  EXPECT_EQ(ReadLocal(dir_ + "/" + other + "/" + temp), "victim")
+      << "the temp was removed through the linked folder";
+  EXPECT_NE(::access((dir_ + "/" + other + "/obj").c_str(), F_OK), 0);
+}
+
+// NFSv4 IsLocked: only NFS4ERR_DENIED is "locked". NFS4ERR_ACCESS (EACCES)
+// and NFS4ERR_FHEXPIRED (EAGAIN) are errors.
+TEST_P(NfsV4Faults, OnlyADenialIsLocked) {
+  ASSERT_TRUE(Put(*backend_, "lk", "").ok());
+  for (const auto& [err, text] : {std::make_pair(EACCES, "LOCKT failed with NFS4ERR_ACCESS(13)"),
+                                  std::make_pair(EAGAIN, "LOCKT failed with NFS4ERR_FHEXPIRED")}) {
+    nfs_hooks::Hooks h;
+    h.lockf = [&, err = err, text = text](nfs_context* n, nfsfh*, nfs4_lock_op, uint64_t) {
+      return nfs_hooks::Fail(n, -err, text);
+    };
+    nfs_hooks::Scope scope(h);
+    auto r = backend_->IsLocked("lk");
+    EXPECT_FALSE(r.ok()) << text << " read as " << (r.ok() && *r ? "locked" : "free");
+  }
+}
+
+// NFSv3 lease locks: a breaker of an expired lease that cannot read back
+// what it moved aside (it may be a lease another client took after we
+// looked) puts it back and does not take the lock.
+TEST_P(NfsV3Faults, ABreakerNeverDeletesALeaseItCouldNotRead) {
+  const std::string expired =
+      "ckptio-lease owner=dead expires_ms=" + std::to_string(UnixMs() - 60000) + "\n";
+  const std::string live =
+      "ckptio-lease owner=someone-else expires_ms=" + std::to_string(UnixMs() + 600000) + "\n";
+  {
+    std::ofstream f(dir_ + "/lk");
+    f << expired;
+  }
+  std::atomic<bool> moved{false}, failed_read{false};
+  Result<std::unique_ptr<BackendLock>> lock = Status(Code::kInternal, "never ran");
+  {
+    nfs_hooks::Hooks h;
+    h.rename = [&](nfs_context* n, const char* a, const char* b) {
+      int rc = nfs_hooks::RealRename(n, a, b);
+      if (rc == 0 && std::strstr(b, ".broken.")) {
+        // Another client broke the same expired lease and took the lock
+        // first: what we moved aside is its live lease.
+        ReplaceLocal(dir_ + "/" + std::string(std::strrchr(b, '/') + 1), live);
+        moved = true;
+      }
+      return rc;
+    };
+    h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+      if (moved && !failed_read.exchange(true))
+        return nfs_hooks::Fail(n, -EIO, "read call failed with \"NFS3ERR_IO(-5)\"");
+      return nfs_hooks::RealPread(n, fh, off, count, buf);
+    };
+    nfs_hooks::Scope scope(h);
+    lock = backend_->TryLock("lk");
+  }
+  ASSERT_TRUE(moved.load() && failed_read.load());
+  EXPECT_FALSE(lock.ok()) << "took the lock after deleting a lease it could not read";
+  EXPECT_EQ(ReadLocal(dir_ + "/lk"), live) << "the live lease moved aside was not put back";
+}
+
+// NFSv3 lease locks: a renewal that finds the lease file missing (a
+// breaker's move aside, put back a moment later) does not give the lock up.
+TEST_P(NfsV3Faults, ARenewalRidesOutALeaseBrieflyMovedAside) {
+  auto holder = Backend("lease_ms=1500");  // renewed every 500 ms
+  ASSERT_TRUE(holder);
+  auto lock = holder->TryLock("lk");
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  const std::string lk = dir_ + "/lk", aside = dir_ + "/lk.aside";
+  ASSERT_EQ(std::rename(lk.c_str(), aside.c_str()), 0);
+  std::this_thread::sleep_for(milliseconds(1100));  // at least one renewal finds it gone
+  ASSERT_EQ(std::rename(aside.c_str(), lk.c_str()), 0);
+  const std::string put_back = ReadLocal(lk);
+  std::this_thread::sleep_for(milliseconds(1200));
+  EXPECT_NE(ReadLocal(lk), put_back) << "renewal stopped after the lease file briefly vanished";
+  auto locked = holder->IsLocked("lk");
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  EXPECT_TRUE(*locked) << "the holder gave its lock up";
+}
+
+// NFSv3 lease locks: renewal does not wait for the data connection. A
+// WRITE that takes longer than the lease (a slow COMMIT, a call waiting
+// out its timeout) does not let another client break a live holder's lease.
+TEST_P(NfsV3Faults, ALeaseIsRenewedWhileTheDataConnectionIsBusy) {
+  auto holder = Backend("lease_ms=1000");
+  auto other = Backend("lease_ms=1000");
+  ASSERT_TRUE(holder && other);
+  auto lock = holder->TryLock("lk");
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  auto w = holder->NewObject("big", WriteMode::kReplace);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string big = RandomBytes(2 << 20, 7);
+  std::atomic<bool> slowed{false};
+  std::promise<void> writing;
+  Result<std::unique_ptr<BackendLock>> stolen = Status(Code::kInternal, "never ran");
+  {
+    nfs_hooks::Hooks h;
+    const auto writer_thread = std::this_thread::get_id();
+    h.pwrite = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, const void* buf) {
+      if (std::this_thread::get_id() == writer_thread && !slowed.exchange(true)) {
+        writing.set_value();
+        std::this_thread::sleep_for(milliseconds(3000));  // holds the data connection
+      }
+      return nfs_hooks::RealPwrite(n, fh, off, count, buf);
+    };
+    nfs_hooks::Scope scope(h);
+    auto thief = std::async(std::launch::async, [&] {
+      writing.get_future().wait();
+      std::this_thread::sleep_for(milliseconds(2000));  // twice the lease
+      stolen = other->TryLock("lk");
+    });
+    ASSERT_TRUE((*w)->Append(big.data(), big.size()).ok());
+    thief.get();
+  }
+  EXPECT_FALSE(stolen.ok())
+      << "a live holder's lease was broken while its data connection was busy";
+  if (!stolen.ok()) {
+    EXPECT_EQ(stolen.status().code(), Code::kFailedPrecondition) << stolen.status();
+  }
+  EXPECT_TRUE((*w)->Commit().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, NfsBackendFaults, ::testing::Values(3, 4),

@@ -37,15 +37,19 @@
 // when its lease expires. IsLocked is true only for NFS4ERR_DENIED; a LOCKT
 // that fails otherwise is an error. NFSv3 has no lock call in libnfs:
 // exclusive locks are lease files (the record is written to a temp and
-// LINKed into place, so a lease is never seen empty; renewed every lease/3
-// only while the file still holds our record, else the lock is lost and
-// left to its new holder; breakable by others once expired); shared locks
+// LINKed into place, so a lease is never seen empty; renewed every lease/3,
+// on a connection of its own, only while the file still holds our record,
+// else the lock is lost and left to its new holder; a file missing for
+// longer than the lease is lost too; breakable by others once expired, and
+// only when what was moved aside is positively the expired record); shared locks
 // are Unimplemented, so the file-lock wait mode needs v4 (or the manifest
 // wait mode, which works on both).
 //
 // Errors: a broken connection (libnfs: EFAULT, or EIO from its event loop)
 // and a timeout are Unavailable; only an NFS STALE error (a name replaced
-// while we used it) makes a call look the name up again and retry.
+// while we used it) makes a call look the name up again and retry. The
+// next call after a broken connection mounts afresh (libnfs's own
+// reconnect stays off); writers and readers opened on the broken one fail.
 // Symbolic links: libnfs follows them in every folder of a path, so a
 // folder of the store that is a link (step-N -> elsewhere) is refused
 // (FailedPrecondition, naming it) before creating, renaming, linking,
@@ -53,8 +57,9 @@
 //
 // Thread safety: one connection per backend, shared by every call, writer
 // and reader, taken one RPC (or a few) at a time in arrival order: a large
-// Append or ReadAt goes a WRITE/READ at a time, so other calls and the v3
-// lease renewal never wait for a whole object.
+// Append goes a WRITE at a time and a large ReadAt at most 16 READs (of the
+// server's maximum size) at a time, so other calls never wait for a whole
+// object. v3 lease renewal has a connection of its own.
 #ifndef CKPTIO_NFS_BACKEND_H_
 #define CKPTIO_NFS_BACKEND_H_
 
