@@ -1218,9 +1218,13 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
   std::map<int64_t, Hash128> good;
   for (const auto& s : steps) {
     if (s.state == StepState::kTorn) {
+      if (r.writer_active && &s == &steps.back()) {
+        r.in_progress = s.step;  // the live writer's save, most likely
+        continue;
+      }
       r.problems.push_back({FsckProblem::Kind::kTornStep, s.step,
-                            r.writer_active ? "no MANIFEST.json (a writer is active: the "
-                                              "save may still be in progress)"
+                            r.writer_active ? "no MANIFEST.json (older than the newest step, so "
+                                              "not the active writer's save)"
                                             : "no MANIFEST.json: an unfinished save"});
       continue;
     }

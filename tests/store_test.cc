@@ -656,6 +656,29 @@ TEST_F(StoreTest, AStepRetiredWhileBeingReadIsNotFoundNotCorrupt) {
   EXPECT_NE(got.status().message().find("deleted"), std::string::npos) << got.status();
 }
 
+// fsck beside a live writer: the newest torn step is its save in progress,
+// not a problem; an older torn step is one (no writer is writing it).
+TEST_F(StoreTest, CheckBesideALiveWriterCountsOnlyOlderTornSteps) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 2, {{"a", "x"}}).ok());
+  // An older writer's crash: an object of step 1, no manifest.
+  ASSERT_EQ(::mkdir(dir_.Sub("store/step-000000000001").c_str(), 0755), 0);
+  testing::WriteFile(dir_.Sub("store/step-000000000001/a"), "x");
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(3));
+  CKPTIO_ASSERT_OK(pending->PutObject("a", "half of it", 10));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check());
+  EXPECT_TRUE(report.writer_active);
+  EXPECT_EQ(report.in_progress, 3);
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_EQ(report.problems[0].kind, FsckProblem::Kind::kTornStep);
+  EXPECT_EQ(report.problems[0].step, 1);
+  CKPTIO_ASSERT_OK(pending->Commit().status());
+  w.reset();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(report, store_->Check());
+  EXPECT_FALSE(report.in_progress.has_value()) << "no writer: every torn step is a problem";
+  EXPECT_EQ(report.problems.size(), 1u);
+}
+
 TEST_F(StoreTest, CheckDoesNotTakeTheWriterLock) {
   {
     auto w = Writer();

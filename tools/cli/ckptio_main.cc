@@ -309,6 +309,7 @@ json ReportJson(const FsckReport& r) {
   }
   json out = {{"clean", r.clean()},
               {"writer_active", r.writer_active},
+              {"in_progress", r.in_progress ? json(*r.in_progress) : json(nullptr)},
               {"good_steps", r.good_steps},
               {"problems", problems},
               {"repairs", r.repairs}};
@@ -326,6 +327,7 @@ void PrintReport(const FsckReport& r) {
   std::cout << r.good_steps.size() << " good step(s)";
   if (r.latest) std::cout << ", LATEST = " << *r.latest;
   if (r.writer_active) std::cout << ", a writer is active";
+  if (r.in_progress) std::cout << " (step " << *r.in_progress << " is being written)";
   std::cout << "\n";
 }
 
