@@ -13,7 +13,8 @@
 //     (POSIX: fsync the file, close, rename, fsync the directory).
 //   * Before that, nothing is visible under the key. In-flight data may be
 //     visible to List() only as keys whose last component starts with
-//     kTempMarker; the core deletes those when no writer holds the lock.
+//     kTempMarker; the core deletes those (at the top, in step-*/ and in
+//     .coord/, where it writes) when no writer holds the lock.
 //   * Delete is durable when it returns OK.
 //
 // Thread safety: a backend may be used from several threads at once; a

@@ -199,10 +199,12 @@ Status ArchiveOptimizer(const torch::optim::Optimizer& optimizer, const std::str
   CKPTIO_RETURN_IF_ERROR(Guard("saving optimizer " + object, [&] {
     torch::serialize::OutputArchive archive;
     const_cast<torch::optim::Optimizer&>(optimizer).save(archive);  // save() is not const
+    // Never a short count: LibTorch's zip writer throws on one, and its
+    // destructor then writes again and throws, which ends the process. After
+    // an error the rest is dropped and the error returned below.
     archive.save_to([&](const void* data, size_t size) -> size_t {
-      if (!written.ok()) return 0;
-      written = write(data, size);
-      return written.ok() ? size : 0;
+      if (written.ok()) written = write(data, size);
+      return size;
     });
     return OkStatus();
   }));

@@ -2,6 +2,8 @@
 // python3-torch) loads with torch.load, and the safetensors objects parse
 // with nothing but Python's json and struct. Every tensor is compared with
 // the original, bit for bit.
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -145,6 +147,31 @@ TEST(ExportTest, ExportOfACorruptStepFailsAndWritesNothing) {
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("DATA_LOSS"), std::string::npos) << out;
   EXPECT_NE(::access(dir.Sub("out.pt").c_str(), F_OK), 0) << "no file from a bad step";
+}
+
+// A write that fails midway (here the file-size limit: EFBIG) is exit 1 with
+// the error, leaves no temp file and no output. LibTorch's zip writer must
+// not see it as a short write: its destructor would throw and abort.
+TEST(ExportTest, AWriteErrorFailsCleanly) {
+  const char* bin = std::getenv("CKPTIO_BIN_DIR");
+  ASSERT_NE(bin, nullptr);
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(SaveStepOne(dir, 100000));  // 400 KB, over the 64 KiB limit
+  ASSERT_EQ(::mkdir(dir.Sub("out").c_str(), 0755), 0);
+  int rc = 0;
+  std::string said = Shell("trap '' XFSZ; ulimit -f 64; " + std::string(bin) + "/ckptio export " +
+                               dir.Sub("store") + " 1 -o " + dir.Sub("out/x.pt"),
+                           &rc);
+  ASSERT_TRUE(WIFEXITED(rc)) << said;
+  EXPECT_EQ(WEXITSTATUS(rc), 1) << said;
+  EXPECT_NE(said.find("File too large"), std::string::npos) << said;
+  ::DIR* d = ::opendir(dir.Sub("out").c_str());
+  ASSERT_NE(d, nullptr);
+  std::vector<std::string> left;
+  while (auto* e = ::readdir(d))
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") left.push_back(e->d_name);
+  ::closedir(d);
+  EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
 }
 
 // Exit codes as for `ckptio`: 2 for a usage error, 1 for a store problem,

@@ -38,6 +38,8 @@ class GateBackend : public testing::ForwardingBackend {
     cv_.notify_all();
   }
   void FailNewObjects(bool fail) { fail_ = fail; }
+  // Appends to objects whose key contains `marker` fail (disk full midway).
+  void FailAppendsTo(std::string marker) { fail_appends_to_ = std::move(marker); }
 
   Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
     {
@@ -46,7 +48,19 @@ class GateBackend : public testing::ForwardingBackend {
     }
     if (fail_ && key.find("step-") == 0)
       return Status(Code::kResourceExhausted, "injected: no space left on device");
-    return ForwardingBackend::NewObject(key, mode);
+    auto w = ForwardingBackend::NewObject(key, mode);
+    if (!w.ok() || fail_appends_to_.empty() || key.find(fail_appends_to_) == std::string_view::npos)
+      return w;
+    struct Failing : ObjectWriter {
+      std::unique_ptr<ObjectWriter> inner;
+      Status Append(const void*, size_t) override {
+        return Status(Code::kResourceExhausted, "injected: no space left on device");
+      }
+      Status Commit() override { return inner->Commit(); }
+    };
+    auto failing = std::make_unique<Failing>();
+    failing->inner = std::move(*w);
+    return std::unique_ptr<ObjectWriter>(std::move(failing));
   }
 
  private:
@@ -54,6 +68,7 @@ class GateBackend : public testing::ForwardingBackend {
   std::condition_variable cv_;
   bool open_ = true;
   std::atomic<bool> fail_{false};
+  std::string fail_appends_to_;
 };
 
 class AsyncSaveTest : public ::testing::Test {
@@ -181,6 +196,23 @@ TEST_F(AsyncSaveTest, ReturnsBeforeTheCommitAndSavesTheStateAsItWasAtTheCall) {
   EXPECT_TRUE(SameAs(fresh, Snapshot(reference)));
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, ckpt->store().OpenStep(10));
   CKPTIO_EXPECT_OK(reader->Verify());
+}
+
+// A write error inside LibTorch's optimizer archive (streamed to storage)
+// is a failed save, not an abort: the zip writer must never see a short
+// count, or its destructor throws and ends the process.
+TEST_F(AsyncSaveTest, ADiskFullWhileArchivingAnOptimizerIsAFailedSave) {
+  Net net;
+  torch::optim::Adam adam(net.parameters());
+  Train(net, adam, 1, 3);
+  State state{{"model", net}, {"optim", adam}};
+  auto ckpt = Open();
+  gate_->FailAppendsTo("optim");
+  Status s = ckpt->Save(1, state);
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s;
+  EXPECT_FALSE(ckpt->store().OpenStep(1).ok());
+  gate_->FailAppendsTo("");
+  CKPTIO_EXPECT_OK(ckpt->Save(2, state));
 }
 
 TEST_F(AsyncSaveTest, AnErrorSurfacesOnTheFutureAndOnceOnTheNextCall) {

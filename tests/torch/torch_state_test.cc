@@ -752,7 +752,7 @@ TEST(TorchStateTest, BoolBytesOtherThanZeroOrOneAreRefused) {
     o.step = 1;
     auto got = ckpt->Load(in, o);
     if (!mapped) {
-      // The reader path (ReadTensor), as used by export.
+      // The reader path (ReadTensor), reading into memory.
       CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, ckpt->store().OpenStep(1));
       got = Status(ReadTensor(*r, r->manifest().tensors.at(0), torch::kCPU).status());
     }

@@ -17,6 +17,7 @@
 
 #include "ckptio/ckptio.h"
 #include "common/progress.h"
+#include "common/store_args.h"
 #include "text.h"
 
 namespace ckptio {
@@ -47,21 +48,6 @@ std::string FormatTime(int64_t unix_ms) {
   return buf;
 }
 
-// Opens a store that must already exist: reading, repairing or trimming a
-// mistyped path must not create an empty store, nor take a folder that
-// merely exists (the parent of the store, say) for one.
-Result<std::unique_ptr<Store>> OpenExisting(const std::string& uri) {
-  CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(uri));
-  CKPTIO_ASSIGN_OR_RETURN(auto keys, store->backend().List(""));  // NotFound: no store
-  for (const auto& key : keys)
-    if (key == kLatestKey || key == kWriterKey || key == kLockKey || key.rfind("step-", 0) == 0)
-      return store;
-  return Status(Code::kNotFound,
-                store->uri() + " is not a ckptio store: it holds no LATEST, .writer or step-* " +
-                    (keys.empty() ? "(it is empty)" : "folder (is it the store's parent?)") +
-                    "; check the path");
-}
-
 // The writer lock for repair and gc, waiting up to --wait seconds.
 Result<std::unique_ptr<StoreWriter>> OpenWriterWaiting(Store& store, double wait_s) {
   WriterOptions wo;
@@ -79,24 +65,6 @@ Result<uint64_t> CommittedBytes(Store& store) {
   for (const auto& s : steps)
     if (s.state == StepState::kCommitted) total += s.bytes;
   return total;
-}
-
-// Parses "latest" or a step number.
-Result<int64_t> ResolveStep(Store& store, const std::string& text) {
-  if (text == "latest") {
-    CKPTIO_ASSIGN_OR_RETURN(auto latest, store.ReadLatest());
-    if (!latest) return Status(Code::kNotFound, "store " + store.uri() + " has no LATEST");
-    return latest->step;
-  }
-  try {
-    size_t used = 0;
-    long long v = std::stoll(text, &used);
-    if (used == text.size() && v >= 0 && v <= kMaxStep) return static_cast<int64_t>(v);
-  } catch (const std::exception&) {
-  }
-  return Status(
-      Code::kInvalidArgument,
-      "step must be a number in [0, 999999999999] or \"latest\", got \"" + Printable(text) + "\"");
 }
 
 struct StepVerdict {
@@ -386,7 +354,7 @@ int CmdGc(const std::string& uri, int keep, double wait_s) {
   if (gc->newest_good && !gc->corrupt.empty())
     std::cout << ", and step " << *gc->newest_good << ", the newest that verifies";
   std::cout << "\n";
-  if (!gc->newest_good) std::cout << "no committed step verifies\n";
+  if (!gc->newest_good && !gc->corrupt.empty()) std::cout << "no committed step verifies\n";
   if (!corrupt_left) return kExitOk;
   std::cout << "run `ckptio fsck --repair " << uri << "` to remove the corrupt steps\n";
   return kExitBad;

@@ -24,6 +24,7 @@
 #include "ckptio/backends.h"
 #include "ckptio/torch.h"
 #include "common/progress.h"
+#include "common/store_args.h"
 #include "text.h"
 
 namespace {
@@ -41,14 +42,16 @@ class DurableFile {
       : path_(std::move(path)), tmp_(path_ + ".ckptio-tmp." + std::to_string(::getpid())) {}
   ~DurableFile() {
     if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
+    if (created_ && !committed_) ::unlink(tmp_.c_str());
   }
 
   Status Create() {
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    return fd_ < 0 ? ckptio::ErrnoToStatus(errno, "create " + tmp_) : ckptio::OkStatus();
+    if (fd_ < 0) return ckptio::ErrnoToStatus(errno, "create " + tmp_);  // maybe not ours
+    created_ = true;
+    return ckptio::OkStatus();
   }
-  // For PyTorchStreamWriter: a short count on error (the first is kept).
+  // Bytes written; after an error none (the first error is kept).
   size_t Write(const void* data, size_t n) {
     const char* p = static_cast<const char*>(data);
     size_t done = 0;
@@ -84,7 +87,7 @@ class DurableFile {
  private:
   std::string path_, tmp_;
   int fd_ = -1;
-  bool committed_ = false;
+  bool created_ = false, committed_ = false;
   Status error_;
 };
 
@@ -103,39 +106,20 @@ Status PickleForTorchLoad(const c10::IValue& value, DurableFile& out, ckptio::Pr
   pickler.pushIValue(value);
   pickler.stop();
   try {
+    // Never a short count: LibTorch's zip writer throws on one, and its
+    // destructor then writes again and throws, which ends the process.
+    // The first error is kept in `out` and reported after.
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
-      size_t done = out.Write(p, n);
-      progress.Add(done);
-      return done;
+      progress.Add(out.Write(p, n));
+      return n;
     });
     torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
                                        writer);
     writer.writeEndOfFile();
   } catch (const std::exception& e) {
-    // A short write makes the zip writer throw; the write's own error says more.
     return out.error().ok() ? Status(Code::kInternal, e.what()) : out.error();
   }
   return out.error();
-}
-
-Result<int64_t> ParseStep(ckptio::Store& store, const std::string& text) {
-  if (text == "latest") {
-    auto latest = store.ReadLatest();
-    if (!latest.ok())
-      return latest.status().WithContext("reading LATEST (run `ckptio fsck --repair " +
-                                         store.uri() + "`, or name a step)");
-    if (!latest->has_value())
-      return Status(Code::kNotFound, "no LATEST in " + store.uri() + ": nothing committed yet");
-    return (*latest)->step;
-  }
-  try {
-    size_t used = 0;
-    long long v = std::stoll(text, &used);
-    if (used == text.size() && v >= 0 && v <= ckptio::kMaxStep) return static_cast<int64_t>(v);
-  } catch (const std::exception&) {
-  }
-  return Status(Code::kInvalidArgument, "bad STEP \"" + text + "\": a step number (0-" +
-                                            std::to_string(ckptio::kMaxStep) + ") or \"latest\"");
 }
 
 int Fail(const Status& s) {
@@ -156,11 +140,9 @@ int Run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every usage error 2, as in `ckptio`
   }
 
-  auto store = ckptio::OpenStore(uri);
+  auto store = ckptio::OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
-  Status exists = (*store)->backend().List("").status();  // NotFound: no store there
-  if (!exists.ok()) return Fail(exists);
-  auto step = ParseStep(**store, step_text);
+  auto step = ckptio::ResolveStep(**store, step_text);
   if (!step.ok()) return Fail(step.status());
   auto reader = (*store)->OpenStep(*step);
   if (!reader.ok()) return Fail(reader.status());

@@ -28,8 +28,10 @@
 namespace {
 
 // Forwarded to every rank's process group; one pending flag per signal, so
-// a SIGUSR1 followed at once by a SIGTERM forwards both.
-constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+// a SIGUSR1 followed at once by a SIGTERM forwards both. Signals pending
+// together go in this order: USR1/USR2 ("checkpoint now") before the ones
+// that end the ranks.
+constexpr int kForwarded[] = {SIGUSR1, SIGUSR2, SIGHUP, SIGINT, SIGTERM, SIGQUIT};
 volatile sig_atomic_t g_pending[NSIG] = {};
 
 void OnSignal(int sig) { g_pending[sig] = 1; }
