@@ -156,17 +156,27 @@ class FileCoordinator : public Coordinator {
 
   Status Publish(const std::string& name, const std::string& payload) override {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
-    return WriteSmall(
-        *backend_, DecisionKey(name),
-        SerializeRecord(kDecisionFormat, {{"job", job_}, {"name", name}, {"payload", payload}}),
-        WriteMode::kReplace);
+    const std::string record =
+        SerializeRecord(kDecisionFormat, {{"job", job_}, {"name", name}, {"payload", payload}});
+    // A waiter would never accept a larger record: refuse it here, so the
+    // publisher fails at once (and can publish its error instead).
+    if (record.size() > kMaxDecisionBytes)
+      return Status(Code::kResourceExhausted,
+                    "cannot publish \"" + name + "\": its record is " +
+                        std::to_string(record.size()) + " bytes, over the " +
+                        std::to_string(kMaxDecisionBytes) +
+                        "-byte limit of a coordination record (wait mode " +
+                        std::string(WaitModeName(mode_)) + ")");
+    return WriteSmall(*backend_, DecisionKey(name), record, WriteMode::kReplace);
   }
 
   Result<std::string> WaitFor(const std::string& name, std::chrono::milliseconds timeout) override {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
     Backoff backoff(DeadlineAfter(timeout));
     while (true) {
-      auto record = ReadRecord(DecisionKey(name), kDecisionFormat);
+      // Over the limit is final (a publisher refuses such a record; a
+      // rewrite of it would not shrink it in time): no retrying.
+      auto record = ReadRecord(DecisionKey(name), kDecisionFormat, kMaxDecisionBytes);
       if (record.ok() && Field(*record, "job") == job_ && record->count("payload"))
         return Field(*record, "payload");
       if (!record.ok() && record.status().code() != Code::kNotFound &&
@@ -182,6 +192,9 @@ class FileCoordinator : public Coordinator {
 
  private:
   static std::string DecisionKey(const std::string& name) { return ".coord/decision-" + name; }
+  // A decision record may carry a stripe receipt, which lists every chunk
+  // and tensor of a rank's part: as large as a manifest may be.
+  static constexpr size_t kMaxDecisionBytes = kMaxManifestBytes;
 
   // Rank 0's failure, with its code, as every waiter reports it (fields
   // "code" and "message", or "prev_code" and "prev_message").
@@ -274,10 +287,20 @@ class FileCoordinator : public Coordinator {
     return reader.status();
   }
 
+  // NotFound when absent, DataLoss when damaged (or torn), ResourceExhausted
+  // when over `max_bytes`.
   Result<std::map<std::string, std::string>> ReadRecord(std::string_view key,
-                                                        std::string_view format) {
-    CKPTIO_ASSIGN_OR_RETURN(std::string bytes, ReadSmall(*backend_, key, 64 << 10));
-    return ParseRecord(bytes, format, backend_->Uri() + "/" + std::string(key));
+                                                        std::string_view format,
+                                                        size_t max_bytes = kMaxRecordBytes) {
+    const std::string where = backend_->Uri() + "/" + std::string(key);
+    CKPTIO_ASSIGN_OR_RETURN(auto reader, backend_->OpenObject(key));
+    if (reader->Size() > max_bytes)
+      return Status(Code::kResourceExhausted, where + " is " + std::to_string(reader->Size()) +
+                                                  " bytes, over the " + std::to_string(max_bytes) +
+                                                  "-byte limit of a coordination record");
+    std::string bytes(reader->Size(), '\0');
+    CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, bytes.data(), bytes.size()));
+    return ParseRecord(bytes, format, where, max_bytes);
   }
 
   Status WriteRecord(int64_t step, std::string_view attempt, const std::string& state,

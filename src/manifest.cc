@@ -629,8 +629,8 @@ std::string SerializeRecord(std::string_view format,
 
 Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
                                                        std::string_view format,
-                                                       std::string_view where) {
-  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, 64 << 10));
+                                                       std::string_view where, size_t max_bytes) {
+  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, max_bytes));
   Fields f(obj, "", where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, format, 1, where));
   CKPTIO_ASSIGN_OR_RETURN(const json* fields, f.Get("fields"));

@@ -518,6 +518,7 @@ struct PendingCheckpoint::State {
   Status failure;         // the first failure of any object; fails the commit
   bool finished = false;  // committed, or failed to commit
   bool committed = false;
+  bool striped = false;  // abandoning clears the whole step directory
 
   void Fail(const Status& why) {
     if (failure.ok()) failure = why;
@@ -685,7 +686,18 @@ PendingCheckpoint::~PendingCheckpoint() {
   if (!state_->committed && state_->core->CheckFence().ok()) {
     // Abandon: remove what this attempt wrote. Nothing here was ever
     // visible (no manifest), so a failure only leaves a torn step.
-    for (const auto& name : state_->names) (void)state_->core->backend->Delete(state_->dir + name);
+    StorageBackend& backend = *state_->core->backend;
+    for (const auto& name : state_->names) (void)backend.Delete(state_->dir + name);
+    // A striped step may also hold parts of ranks whose receipts never
+    // arrived. Unless a manifest is there (a commit whose outcome is
+    // unknown), none of it can be visible: clear it all.
+    if (state_->striped) {
+      auto keys = backend.List(state_->dir);
+      if (keys.ok() && std::none_of(keys->begin(), keys->end(), [](const std::string& k) {
+            return BaseName(k) == kManifestName;
+          }))
+        for (const auto& key : *keys) (void)backend.Delete(key);
+    }
   }
   state_->core->pending = false;
 }
@@ -737,6 +749,8 @@ Status PendingCheckpoint::SetMetadata(std::string key, std::string value) {
   state_->manifest.metadata[std::move(key)] = std::move(value);
   return OkStatus();
 }
+
+void PendingCheckpoint::ExpectStripes() { state_->striped = true; }
 
 void PendingCheckpoint::AddTensor(TensorEntry tensor) {
   state_->manifest.tensors.push_back(std::move(tensor));

@@ -978,6 +978,41 @@ TEST(FileCoordinatorTest, ABeginSaveThatFailsReleasesTheSaveLock) {
   CKPTIO_EXPECT_OK(coord->EndSave(1, AttemptOf(1), OkStatus()));
 }
 
+// A published record may carry a stripe receipt, as large as a manifest: a
+// waiter takes one over 64 KiB; Publish refuses one over the limit, and a
+// waiter that finds one fails at once instead of polling to its deadline.
+TEST(FileCoordinatorTest, RecordsAsLargeAsAManifestPassAndLargerFailAtOnce) {
+  TempDir tmp;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(tmp.Sub("store")));
+  std::shared_ptr<StorageBackend> shared(std::move(backend));
+  for (WaitMode mode : {WaitMode::kManifest, WaitMode::kFileLock}) {
+    SCOPED_TRACE(WaitModeName(mode));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord, NewFileCoordinator(shared, MakeRank(1, "j"), mode));
+    const std::string big(200 << 10, 'r');
+    CKPTIO_ASSERT_OK(coord->Publish("receipt-1", big));
+    auto got = coord->WaitFor("receipt-1", milliseconds(500));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, big);
+
+    Status refused = coord->Publish("huge", std::string(kMaxManifestBytes, 'x'));
+    EXPECT_EQ(refused.code(), Code::kResourceExhausted) << refused;
+    EXPECT_NE(refused.message().find("limit"), std::string::npos) << refused;
+  }
+  // A record over the limit (written by something else): the waiter fails
+  // at once, naming the limit.
+  {
+    std::ofstream out(tmp.Sub("store") + "/.coord/decision-huge", std::ios::binary);
+    out << std::string(kMaxManifestBytes + 1, 'x');
+    ASSERT_TRUE(out.good());
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord,
+                              NewFileCoordinator(shared, MakeRank(1, "j"), WaitMode::kManifest));
+  const auto t0 = Clock::now();
+  auto huge = coord->WaitFor("huge", milliseconds(10000));
+  EXPECT_EQ(huge.status().code(), Code::kResourceExhausted) << huge.status();
+  EXPECT_LT(Clock::now() - t0, milliseconds(5000)) << "the waiter polled for an oversized record";
+}
+
 TEST(NewFileCoordinatorTest, RefusesBadSetups) {
   TempDir tmp;
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(tmp.Sub("store")));

@@ -134,10 +134,14 @@ Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view 
 // .coord/): {"format": format, "version": 1, ...fields, "checksum": ...}.
 std::string SerializeRecord(std::string_view format,
                             const std::map<std::string, std::string>& fields);
-// DataLoss if damaged or of another format; at most 64 KiB.
+// DataLoss if damaged or of another format, or over `max_bytes` (64 KiB
+// unless told: a record carrying a stripe receipt may be as large as a
+// manifest, kMaxManifestBytes).
+inline constexpr size_t kMaxRecordBytes = 64u << 10;
 Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
                                                        std::string_view format,
-                                                       std::string_view where);
+                                                       std::string_view where,
+                                                       size_t max_bytes = kMaxRecordBytes);
 
 // "step-000000001200" for 1200.
 std::string StepDirName(int64_t step);

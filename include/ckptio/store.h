@@ -171,6 +171,12 @@ class PendingCheckpoint {
   // step was cleared) and its name free (InvalidArgument). Abandoning the
   // checkpoint deletes them too.
   Status AddStripe(const StripeReceipt& receipt);
+  // Marks the step as striped: other ranks may have written into it parts
+  // this checkpoint never learns of (a rank whose receipt was refused or
+  // never came). Abandoning it then clears everything in the step's
+  // directory (the writer holds the lock and the step has no manifest), as
+  // Begin clears a torn attempt, not only the objects it knows.
+  void ExpectStripes();
 
   // Commits (protocol steps 4-6). FailedPrecondition if an object stream is
   // still open or failed. After an error the checkpoint is abandoned.

@@ -35,6 +35,13 @@ struct SavePlan {
   std::map<std::string, std::string> metadata;
   // Rank 0 of a striped save: the part objects the other ranks must deliver.
   std::set<std::string> stripes;
+  // ... and the tensors each must hold (by part object, in order): rank 0's
+  // split of its own layout, which every rank's split must match.
+  struct Expected {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+  };
+  std::map<std::string, std::vector<Expected>> stripe_tensors;
 };
 }  // namespace internal
 
@@ -113,6 +120,34 @@ SavePlan Plan(const State& state) {
   return plan;
 }
 
+// The safetensors name of a dtype ("F32"); its LibTorch name if none.
+std::string SafetensorsDtype(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat64:
+      return "F64";
+    case torch::kFloat32:
+      return "F32";
+    case torch::kFloat16:
+      return "F16";
+    case torch::kBFloat16:
+      return "BF16";
+    case torch::kInt64:
+      return "I64";
+    case torch::kInt32:
+      return "I32";
+    case torch::kInt16:
+      return "I16";
+    case torch::kInt8:
+      return "I8";
+    case torch::kUInt8:
+      return "U8";
+    case torch::kBool:
+      return "BOOL";
+    default:
+      return c10::toString(type);
+  }
+}
+
 std::string PartObject(const std::string& object, int rank) {
   const std::string suffix = ".safetensors";
   std::string stem = object.size() > suffix.size() && object.compare(object.size() - suffix.size(),
@@ -171,11 +206,55 @@ SavePlan StripePart(const SavePlan& full, int rank, int world) {
       if (rank == 0 && r != 0) {
         part.metadata[kStripePartPrefix + p.object] = to.object;
         part.stripes.insert(p.object);
+        auto& expected = part.stripe_tensors[p.object];
+        for (const auto& [name, t] : p.tensors)
+          expected.push_back({name, SafetensorsDtype(t.scalar_type()), t.sizes().vec()});
       }
       if (r == rank) part.tensor_objects.push_back(std::move(p));
     }
   }
   return part;
+}
+
+// "F32 [90, 4]": a tensor's dtype and shape, for messages.
+std::string Layout(const std::string& dtype, const std::vector<int64_t>& shape) {
+  std::string out = dtype + " [";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// OK if rank `r`'s receipt holds exactly the tensors rank 0's split gave
+// its part objects (name, dtype, shape). Ranks whose layouts differ split
+// differently: committing their parts could hold a tensor twice and
+// another not at all, and the step would load on no rank.
+Status CheckStripeTensors(const SavePlan& plan, const StripeReceipt& receipt, int r) {
+  const std::string prefix = "ranks do not hold the same state: rank " + std::to_string(r) + "'s ";
+  std::map<std::pair<std::string, std::string>, const SavePlan::Expected*> want;
+  for (const auto& o : receipt.objects) {
+    auto it = plan.stripe_tensors.find(o.name);
+    if (it == plan.stripe_tensors.end()) continue;  // an unexpected object: refused later
+    for (const auto& e : it->second) want[{o.name, e.name}] = &e;
+  }
+  for (const TensorEntry& t : receipt.tensors) {
+    auto it = want.find({t.object, t.name});
+    if (it == want.end())
+      return Status(Code::kInvalidArgument, prefix + "part " + t.object + " holds tensor " +
+                                                t.name + " (" + Layout(t.dtype, t.shape) +
+                                                "), which rank 0's split does not put there");
+    const SavePlan::Expected& e = *it->second;
+    if (t.dtype != e.dtype || t.shape != e.shape)
+      return Status(Code::kInvalidArgument, prefix + "part " + t.object + " holds tensor " +
+                                                t.name + " as " + Layout(t.dtype, t.shape) +
+                                                ", where rank 0 has " + Layout(e.dtype, e.shape));
+    want.erase(it);
+  }
+  if (!want.empty())
+    return Status(Code::kInvalidArgument,
+                  prefix + "part " + want.begin()->first.first + " lacks tensor " +
+                      want.begin()->first.second + " (" +
+                      Layout(want.begin()->second->dtype, want.begin()->second->shape) +
+                      "), which rank 0's split puts there");
+  return OkStatus();
 }
 
 // A rank's failure, as it travels in place of a receipt or a go-ahead.
@@ -778,6 +857,7 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
     CKPTIO_RETURN_IF_ERROR(
         coordinator_->Publish(go, pending.ok() ? "ok" : ErrorPayload(pending.status())));
     if (!pending.ok()) return pending.status();
+    (*pending)->ExpectStripes();  // abandoned, the step is cleared whole
     // Every receipt is collected even when a part failed, so that no rank
     // is still writing into the step when it is abandoned (the parts
     // received are deleted with it), and a retry starts clean.
@@ -799,7 +879,9 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
           return Status(Code::kDataLoss, whose + ": the receipt is rank " +
                                              std::to_string(receipt.rank) + "'s, for step " +
                                              std::to_string(receipt.step));
+        // Added first, so that the part is deleted with the step if refused.
         CKPTIO_RETURN_IF_ERROR((*pending)->AddStripe(receipt));
+        CKPTIO_RETURN_IF_ERROR(CheckStripeTensors(plan, receipt, r));
         for (const auto& o : receipt.objects)
           if (expected.erase(o.name) == 0)
             return Status(Code::kInvalidArgument,

@@ -12,14 +12,15 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 need = ["save_vs_raw_write", "load_vs_torch_load", "load_vs_raw_read", "save_vs_torch_save",
         "async_stall_vs_sync_save", "small_tensors_save_vs_raw_write", "save_vs_python_save",
-        "load_vs_python_load", "memcpy_vs_async_stall", "module_load_vs_raw_read",
-        "striped_save_vs_rank0_save_4ranks"]
+        "load_vs_python_load", "async_stall_vs_memcpy", "module_load_vs_raw_read",
+        "striped_save_vs_rank0_save_4ranks", "load_vs_torch_load_cold", "load_vs_python_load_cold"]
 missing = [k for k in need if k not in d["ratios"]]
 assert not missing, "missing ratios: %s" % missing
 for shape in ("large", "small"):
     s = d["shapes"][shape]["seconds"]
     for k in ("raw_write", "ckptio_save", "torch_save", "python_save", "raw_read",
-              "ckptio_load", "torch_load", "python_load", "raw_read_cold", "ckptio_load_cold"):
+              "ckptio_load", "torch_load", "python_load", "raw_read_cold", "ckptio_load_cold",
+              "torch_load_cold", "python_load_cold"):
         assert s[k] > 0, (shape, k)
 large = d["shapes"]["large"]["seconds"]
 for k in ("ckptio_load_module", "memcpy", "ckptio_save_async_stall", "ckptio_save_4ranks",
@@ -28,6 +29,7 @@ for k in ("ckptio_load_module", "memcpy", "ckptio_save_async_stall", "ckptio_sav
 assert all(v is not None and v > 0 for v in d["ratios"].values()), d["ratios"]
 assert large["ckptio_save_hashed"] > 0 and large["ckptio_save_unhashed"] > 0
 assert -1 < d["checksum_share_of_save"] < 1, d["checksum_share_of_save"]
+assert d["commit"], "no commit recorded"
 if "ckptio_save_hashed_tmpfs" in large:  # where /dev/shm has room
     assert large["ckptio_save_unhashed_tmpfs"] > 0
     assert -1 < d["checksum_share_of_save_tmpfs"] < 1, d["checksum_share_of_save_tmpfs"]

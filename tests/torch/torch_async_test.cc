@@ -526,6 +526,139 @@ TEST_F(AsyncSaveTest, AStripedSaveWhosePartFailsLeavesNothingAndARetryWorks) {
   CKPTIO_EXPECT_OK(reader->Verify());
 }
 
+// A module of many small parameters, named p0, p1...; `sizes[i]` elements
+// each (all of them `size` when `sizes` is empty).
+struct Many : torch::nn::Module {
+  Many(int n, std::vector<int64_t> sizes = {}) {
+    for (int i = 0; i < n; ++i)
+      register_parameter(
+          "p" + std::to_string(i),
+          torch::full({sizes.empty() ? 4 : sizes[static_cast<size_t>(i)]}, static_cast<float>(i)));
+  }
+};
+
+// A receipt lists each tensor of the rank's part: with 2,000 tensors, rank
+// 1's (about 1,000 of them) is well over 64 KiB. The file-based wait modes
+// must still take it (not poll for it until the deadline).
+TEST_F(AsyncSaveTest, AStripedSaveWithAReceiptOver64KiBCommits) {
+  for (WaitMode mode : {WaitMode::kManifest, WaitMode::kFileLock}) {
+    const std::string name = std::string(WaitModeName(mode));
+    SCOPED_TRACE(name);
+    const std::string store = dir_.Sub("big-receipt-" + name);
+    CheckpointerOptions o;
+    o.wait = mode;
+    o.timeout = 5s;  // short: without the fix, rank 0 waits for the receipt until then
+    o.stripe = true;
+    auto c1 = RankOfTwo(1, "big-receipt-" + name, store, o);
+    auto c0 = RankOfTwo(0, "big-receipt-" + name, store, o);
+    ASSERT_TRUE(c0 && c1);
+    Many net(2000);
+    State state{{"model", net}};
+    Status s1;
+    std::thread rank1([&] { s1 = c1->Save(1, state); });
+    Status s0 = c0->Save(1, state);
+    rank1.join();
+    CKPTIO_ASSERT_OK(s0);
+    CKPTIO_ASSERT_OK(s1);
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, c0->store().OpenStep(1));
+    CKPTIO_EXPECT_OK(reader->Verify());
+    ASSERT_NE(reader->manifest().Find("model.part-1.safetensors"), nullptr);
+    Many back(2000);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : back.parameters()) p.zero_();
+    }
+    State into{{"model", back}};
+    LoadOptions lo;
+    lo.step = 1;
+    Status l0;
+    std::thread load1([&] {
+      Many back1(2000);
+      State into1{{"model", back1}};
+      l0 = c1->Load(into1, lo).status();
+    });
+    auto got = c0->Load(into, lo);
+    load1.join();
+    ASSERT_TRUE(got.ok()) << got.status();
+    CKPTIO_EXPECT_OK(l0);
+    EXPECT_TRUE(SameAs(back, Snapshot(net)));
+  }
+}
+
+// The ranks of a striped save must hold the same state: here rank 1's p1
+// has another shape. Each rank's split names the same part objects, but
+// rank 1's part holds a tensor rank 0 did not expect of it; rank 0 fails
+// the save, naming the rank and the tensor, and commits nothing.
+TEST_F(AsyncSaveTest, AStripedSaveOfRanksWithDifferentStatesFailsAndCommitsNothing) {
+  CheckpointerOptions o;
+  o.timeout = 20s;
+  o.stripe = true;
+  auto c1 = RankOfTwo(1, "differ-test", dir_.Sub("store"), o);
+  auto c0 = RankOfTwo(0, "differ-test", dir_.Sub("store"), o);
+  ASSERT_TRUE(c0 && c1);
+  // Greedy split, largest first: rank 0 gets p0 and p3, rank 1 p1 and p2,
+  // on both ranks.
+  Many net0(4, {100, 90, 80, 70}), net1(4, {100, 95, 80, 70});
+  State state0{{"model", net0}}, state1{{"model", net1}};
+  Status s1;
+  std::thread rank1([&] { s1 = c1->Save(1, state1); });
+  Status s0 = c0->Save(1, state0);
+  rank1.join();
+  EXPECT_FALSE(s0.ok()) << "rank 0 committed a step whose parts disagree";
+  EXPECT_NE(s0.message().find("ranks do not hold the same state"), std::string::npos) << s0;
+  EXPECT_NE(s0.message().find("rank 1"), std::string::npos) << s0;
+  EXPECT_NE(s0.message().find("p1"), std::string::npos) << s0;
+  EXPECT_FALSE(s1.ok()) << "rank 1 reported a step rank 0 did not commit";
+  EXPECT_EQ(c0->store().OpenStep(1).status().code(), Code::kNotFound);
+  auto latest = c0->store().ReadLatest();
+  EXPECT_TRUE(!latest.ok() || !latest->has_value()) << "LATEST names a step";
+}
+
+// A backend whose first published record (rank 1's receipt) fails to
+// write: the rank has written its part, but rank 0 never learns of it.
+class FailFirstRecord : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    if (key.find(".coord/decision-") != std::string_view::npos && !failed_.exchange(true))
+      return Status(Code::kUnavailable, "injected: the receipt could not be written");
+    return ForwardingBackend::NewObject(key, mode);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+};
+
+// Rank 1 wrote its part, but its receipt never reached rank 0 (it sent its
+// error instead): rank 0 abandons the step and clears it whole, the part it
+// never learnt of included; the step saves again at once.
+TEST_F(AsyncSaveTest, AnAbandonedStripedStepLeavesNoOrphanedParts) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto posix, NewPosixBackend(dir_.Sub("store")));
+  CheckpointerOptions o;
+  o.timeout = 20s;
+  o.stripe = true;
+  o.backend = std::make_shared<FailFirstRecord>(std::shared_ptr<StorageBackend>(std::move(posix)));
+  auto c1 = RankOfTwo(1, "orphan-test", dir_.Sub("store"), o);
+  o.backend = nullptr;
+  auto c0 = RankOfTwo(0, "orphan-test", dir_.Sub("store"), o);
+  ASSERT_TRUE(c0 && c1);
+  Net net;
+  State state{{"model", net}};
+  Status s1;
+  std::thread rank1([&] { s1 = c1->Save(1, state); });
+  Status s0 = c0->Save(1, state);
+  rank1.join();
+  EXPECT_NE(s0.message().find("injected"), std::string::npos) << "not rank 1's error: " << s0;
+  EXPECT_FALSE(s1.ok());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, c0->store().backend().List("step-000000000001/"));
+  EXPECT_TRUE(keys.empty()) << "left in the abandoned step: " << keys.front();
+  rank1 = std::thread([&] { s1 = c1->Save(1, state); });
+  s0 = c0->Save(1, state);
+  rank1.join();
+  CKPTIO_EXPECT_OK(s0);
+  CKPTIO_EXPECT_OK(s1);
+}
+
 TEST_F(AsyncSaveTest, CudaTensorsAreStagedThroughPinnedMemory) {
   CKPTIO_REQUIRE_CUDA();
   Net net;
