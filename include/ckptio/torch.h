@@ -302,6 +302,10 @@ inline constexpr char kStripePartPrefix[] = "ckptio.part.";
 // The object `object` is a part of (itself when it is not a stripe's part).
 std::string StripeBaseObject(const Manifest& manifest, const std::string& object);
 
+// The safetensors dtype of a LibTorch type ("F32"); "" if safetensors has
+// none for it.
+const char* SafetensorsDtypeName(torch::ScalarType type);
+
 // Reads tensor `name` of `object` from a verified checkpoint onto `device`.
 Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
                                  torch::Device device);

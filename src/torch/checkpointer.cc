@@ -120,34 +120,6 @@ SavePlan Plan(const State& state) {
   return plan;
 }
 
-// The safetensors name of a dtype ("F32"); its LibTorch name if none.
-std::string SafetensorsDtype(torch::ScalarType type) {
-  switch (type) {
-    case torch::kFloat64:
-      return "F64";
-    case torch::kFloat32:
-      return "F32";
-    case torch::kFloat16:
-      return "F16";
-    case torch::kBFloat16:
-      return "BF16";
-    case torch::kInt64:
-      return "I64";
-    case torch::kInt32:
-      return "I32";
-    case torch::kInt16:
-      return "I16";
-    case torch::kInt8:
-      return "I8";
-    case torch::kUInt8:
-      return "U8";
-    case torch::kBool:
-      return "BOOL";
-    default:
-      return c10::toString(type);
-  }
-}
-
 std::string PartObject(const std::string& object, int rank) {
   const std::string suffix = ".safetensors";
   std::string stem = object.size() > suffix.size() && object.compare(object.size() - suffix.size(),
@@ -208,7 +180,7 @@ SavePlan StripePart(const SavePlan& full, int rank, int world) {
         part.stripes.insert(p.object);
         auto& expected = part.stripe_tensors[p.object];
         for (const auto& [name, t] : p.tensors)
-          expected.push_back({name, SafetensorsDtype(t.scalar_type()), t.sizes().vec()});
+          expected.push_back({name, SafetensorsDtypeName(t.scalar_type()), t.sizes().vec()});
       }
       if (r == rank) part.tensor_objects.push_back(std::move(p));
     }

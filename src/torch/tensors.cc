@@ -24,12 +24,6 @@ constexpr DtypeName kDtypes[] = {
     {torch::kBool, "BOOL"},
 };
 
-const char* NameOf(torch::ScalarType t) {
-  for (const auto& d : kDtypes)
-    if (d.type == t) return d.name;
-  return nullptr;
-}
-
 std::optional<torch::ScalarType> TypeOf(const std::string& name) {
   for (const auto& d : kDtypes)
     if (name == d.name) return d.type;
@@ -74,8 +68,8 @@ Status WriteSafetensorsTo(Sink& pending, const std::string& object,
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
     if (!t.defined()) continue;
-    const char* dtype = NameOf(t.scalar_type());
-    if (!dtype)
+    const char* dtype = SafetensorsDtypeName(t.scalar_type());
+    if (!*dtype)
       return Status(Code::kInvalidArgument,
                     "tensor \"" + name + "\" of " + object + " has dtype " +
                         std::string(c10::toString(t.scalar_type())) +
@@ -251,6 +245,12 @@ Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
         data, entry.shape, [view](void*) {}, options);
   }
   return OnDevice(cpu, entry, device);
+}
+
+const char* SafetensorsDtypeName(torch::ScalarType type) {
+  for (const auto& d : kDtypes)
+    if (d.type == type) return d.name;
+  return "";
 }
 
 std::string StripeBaseObject(const Manifest& manifest, const std::string& object) {
