@@ -3,10 +3,12 @@
 // (SIGSTOP) fails calls by the URI's deadline; a server killed in the
 // middle of a save and restarted leaves the old or the new checkpoint,
 // never a torn commit, and the store recovers.
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -29,6 +31,27 @@ NfsServer& Private() {
   static NfsServer server("/tmp/ckptio-nfs-fault-" + std::to_string(::getpid()),
                           NfsServer::Ports{20590, 20148, 20149});
   return server;
+}
+
+// Whether every thread of `pid` is stopped ('T' in /proc/PID/task/*/stat).
+// kill(SIGSTOP) returns before the threads stop: on a busy machine a server
+// thread on another core can still answer a few fast calls.
+bool AllThreadsStopped(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(tasks.c_str());
+  if (!d) return false;
+  bool all = true;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream stat(tasks + "/" + e->d_name + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');  // the name may hold spaces
+    if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T')
+      all = false;
+  }
+  ::closedir(d);
+  return all;
 }
 
 int64_t MsSince(Clock::time_point t) {
@@ -66,6 +89,10 @@ TEST_P(NfsFault, AHungServerFailsCallsByTheDeadline) {
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(Save(**store, 1, 1000).ok());
   ASSERT_EQ(::kill(Private().Pid(), SIGSTOP), 0);
+  const auto stopping = Clock::now();
+  while (!AllThreadsStopped(Private().Pid()) && MsSince(stopping) < 5000)
+    std::this_thread::sleep_for(milliseconds(1));
+  ASSERT_TRUE(AllThreadsStopped(Private().Pid())) << "the server did not stop within 5 s";
   const auto t0 = Clock::now();
   auto steps = (*store)->ListSteps();
   const int64_t took = MsSince(t0);
