@@ -190,6 +190,12 @@ class FileCoordinator : public Coordinator {
     }
   }
 
+  Status Retract(const std::string& name) override {
+    CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
+    Status s = backend_->Delete(DecisionKey(name));
+    return s.code() == Code::kNotFound ? OkStatus() : s;
+  }
+
  private:
   static std::string DecisionKey(const std::string& name) { return ".coord/decision-" + name; }
   // A decision record may carry a stripe receipt, which lists every chunk
@@ -292,15 +298,9 @@ class FileCoordinator : public Coordinator {
   Result<std::map<std::string, std::string>> ReadRecord(std::string_view key,
                                                         std::string_view format,
                                                         size_t max_bytes = kMaxRecordBytes) {
-    const std::string where = backend_->Uri() + "/" + std::string(key);
-    CKPTIO_ASSIGN_OR_RETURN(auto reader, backend_->OpenObject(key));
-    if (reader->Size() > max_bytes)
-      return Status(Code::kResourceExhausted, where + " is " + std::to_string(reader->Size()) +
-                                                  " bytes, over the " + std::to_string(max_bytes) +
-                                                  "-byte limit of a coordination record");
-    std::string bytes(reader->Size(), '\0');
-    CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, bytes.data(), bytes.size()));
-    return ParseRecord(bytes, format, where, max_bytes);
+    CKPTIO_ASSIGN_OR_RETURN(std::string bytes,
+                            ReadSmall(*backend_, key, max_bytes, Code::kResourceExhausted));
+    return ParseRecord(bytes, format, backend_->Uri() + "/" + std::string(key), max_bytes);
   }
 
   Status WriteRecord(int64_t step, std::string_view attempt, const std::string& state,

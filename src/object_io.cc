@@ -10,12 +10,13 @@
 
 namespace ckptio {
 
-Result<std::string> ReadSmall(StorageBackend& backend, std::string_view key, size_t max_bytes) {
+Result<std::string> ReadSmall(StorageBackend& backend, std::string_view key, size_t max_bytes,
+                              Code over_limit) {
   CKPTIO_ASSIGN_OR_RETURN(auto reader, backend.OpenObject(key));
   if (reader->Size() > max_bytes)
-    return Status(Code::kDataLoss, backend.Uri() + "/" + std::string(key) + " is " +
-                                       std::to_string(reader->Size()) + " bytes, over its " +
-                                       std::to_string(max_bytes) + "-byte limit");
+    return Status(over_limit, backend.Uri() + "/" + std::string(key) + " is " +
+                                  std::to_string(reader->Size()) + " bytes, over its " +
+                                  std::to_string(max_bytes) + "-byte limit");
   std::string bytes(reader->Size(), '\0');
   CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, bytes.data(), bytes.size()));
   return bytes;

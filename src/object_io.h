@@ -10,8 +10,10 @@
 
 namespace ckptio {
 
-// Reads a whole object, refusing one over max_bytes (DataLoss).
-Result<std::string> ReadSmall(StorageBackend& backend, std::string_view key, size_t max_bytes);
+// Reads a whole object, refusing one over max_bytes with `over_limit`
+// (DataLoss by default: a checkpoint file that large is damaged).
+Result<std::string> ReadSmall(StorageBackend& backend, std::string_view key, size_t max_bytes,
+                              Code over_limit = Code::kDataLoss);
 // Writes and commits a whole object.
 Status WriteSmall(StorageBackend& backend, std::string_view key, std::string_view bytes,
                   WriteMode mode);

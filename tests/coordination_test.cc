@@ -1013,6 +1013,29 @@ TEST(FileCoordinatorTest, RecordsAsLargeAsAManifestPassAndLargerFailAtOnce) {
   EXPECT_LT(Clock::now() - t0, milliseconds(5000)) << "the waiter polled for an oversized record";
 }
 
+// Retract deletes a published record (and only it): a waiter no longer
+// finds it, and retracting what is absent is not an error.
+TEST(FileCoordinatorTest, RetractDeletesThePublishedRecordOnly) {
+  TempDir tmp;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(tmp.Sub("store")));
+  std::shared_ptr<StorageBackend> shared(std::move(backend));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto coord,
+                              NewFileCoordinator(shared, MakeRank(0, "j"), WaitMode::kManifest));
+  CKPTIO_ASSERT_OK(coord->Publish("stripe-go-a", "ok"));
+  CKPTIO_ASSERT_OK(coord->Publish("stripe-a-1", "receipt"));
+  CKPTIO_ASSERT_OK(coord->Retract("stripe-go-a"));
+  EXPECT_EQ(coord->WaitFor("stripe-go-a", milliseconds(50)).status().code(),
+            Code::kDeadlineExceeded);
+  auto kept = coord->WaitFor("stripe-a-1", milliseconds(500));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, "receipt");
+  CKPTIO_EXPECT_OK(coord->Retract("stripe-go-a"));  // again: absent is fine
+  CKPTIO_EXPECT_OK(coord->Retract("stripe-a-1"));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto left, shared->List(".coord/"));
+  EXPECT_TRUE(left.empty()) << left.size() << " records left, first " << left.front();
+  EXPECT_EQ(coord->Retract("../LATEST").code(), Code::kInvalidArgument);
+}
+
 TEST(NewFileCoordinatorTest, RefusesBadSetups) {
   TempDir tmp;
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(tmp.Sub("store")));

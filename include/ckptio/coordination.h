@@ -88,6 +88,10 @@ class Coordinator {
   virtual Status Publish(const std::string& name, const std::string& payload) = 0;
   virtual Result<std::string> WaitFor(const std::string& name,
                                       std::chrono::milliseconds timeout) = 0;
+  // Rank 0, once every rank is past `name` (read it, or stopped waiting for
+  // it): deletes it, so that a long job's records do not pile up. Absent is
+  // not an error. A rank still waiting for it would wait to its deadline.
+  virtual Status Retract(const std::string& name) = 0;
 
  protected:
   // Sleeps 1 ms, then doubles up to 50 ms; false once `deadline` passed.

@@ -247,6 +247,12 @@ class Checkpointer {
   internal::SavePlan PlanFor(const State& state) const;
   Result<std::optional<LoadResult>> Decide(const std::string& name, const LoadOptions& options,
                                            std::unique_ptr<internal::OpenedStep>* verified);
+  // Rank 0: publishes load decision `name` and remembers it until a striped
+  // save shows that every rank is past it.
+  Status PublishDecision(const std::string& name, const std::string& payload);
+  // Rank 0, once every rank delivered its receipt for `attempt`: deletes
+  // that save's records and the load decisions published before it.
+  void RetractStripeRecords(const std::string& attempt);
 
   RankInfo rank_;
   CheckpointerOptions options_;
@@ -260,6 +266,7 @@ class Checkpointer {
   std::string scope_;
   uint64_t load_seq_ = 0;
   uint64_t save_seq_ = 0;
+  std::vector<std::string> decisions_;          // rank 0: published, not yet retracted
   std::unique_ptr<internal::AsyncSave> async_;  // last: joined first
 };
 

@@ -71,6 +71,13 @@ class C10dCoordinator : public Coordinator {
     return value;
   }
 
+  Status Retract(const std::string& name) override {
+    return Call("retracting " + name, [&] {
+      store_->deleteKey(DecisionKey(name));  // false when absent
+      return OkStatus();
+    });
+  }
+
  private:
   // A timeout is DeadlineExceeded; anything else (the store's server went
   // away) is Unavailable and says so, instead of claiming a timeout.

@@ -642,6 +642,24 @@ std::string StripeReceiptName(const std::string& attempt, int r) {
 }
 }  // namespace
 
+Status Checkpointer::PublishDecision(const std::string& name, const std::string& payload) {
+  CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(name, payload));
+  decisions_.push_back(name);
+  return OkStatus();
+}
+
+// Every rank's receipt for `attempt` means every rank read the go-ahead and
+// returned from each load it began before this save (each rank makes the
+// same calls in the same order). Best effort: a record left behind only
+// takes space.
+void Checkpointer::RetractStripeRecords(const std::string& attempt) {
+  (void)coordinator_->Retract(StripeGoName(attempt));
+  for (int r = 1; r < rank_.world_size; ++r)
+    (void)coordinator_->Retract(StripeReceiptName(attempt, r));
+  for (const auto& name : decisions_) (void)coordinator_->Retract(name);
+  decisions_.clear();
+}
+
 Status Checkpointer::Abandon(int64_t step, const std::string& attempt, Status error) {
   if (rank_.world_size == 1) return error;
   if (rank_.rank == 0) {
@@ -824,6 +842,7 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
   }
   Status began = coordinator_->BeginSave(step, attempt, options_.timeout);
   if (!began.ok()) return Abandon(step, attempt, began.WithContext(what));
+  bool every_receipt = false;
   Status outcome = [&]() -> Status {
     auto pending = writer_->Begin(step);
     CKPTIO_RETURN_IF_ERROR(
@@ -837,6 +856,7 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
     if (first.ok()) first = (*pending)->SetMetadata(kSaveAttemptKey, attempt);
     std::set<std::string> expected = plan.stripes;
     const auto deadline = DeadlineAfter(options_.timeout);
+    every_receipt = true;
     for (int r = 1; r < rank_.world_size; ++r) {
       const std::string whose = "rank " + std::to_string(r) + "'s stripe";
       Status s = [&]() -> Status {
@@ -844,7 +864,10 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
                                    std::chrono::duration_cast<std::chrono::milliseconds>(
                                        deadline - std::chrono::steady_clock::now()));
         auto payload = coordinator_->WaitFor(receipt_of(r), left);
-        if (!payload.ok()) return payload.status().WithContext("waiting for " + whose);
+        if (!payload.ok()) {
+          every_receipt = false;
+          return payload.status().WithContext("waiting for " + whose);
+        }
         if (auto e = PayloadError(*payload)) return e->WithContext(whose + " failed");
         CKPTIO_ASSIGN_OR_RETURN(StripeReceipt receipt, ParseStripeReceipt(*payload, whose));
         if (receipt.rank != r || receipt.step != step)
@@ -874,6 +897,7 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
     return OkStatus();
   }();
   Status published = coordinator_->EndSave(step, attempt, outcome);
+  if (every_receipt) RetractStripeRecords(attempt);
   CKPTIO_RETURN_IF_ERROR(outcome.WithContext(what));
   return published.WithContext(what + " committed, but telling the other ranks failed");
 }
@@ -927,6 +951,13 @@ Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const S
   return t;
 }
 
+namespace {
+// `replace`: a reason cut inside a UTF-8 sequence must not throw.
+std::string DecisionText(const json& decision) {
+  return decision.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+}  // namespace
+
 // Rank 0 picks the step (newest that verifies, or the one asked for) and
 // publishes it; every rank gets the same answer, errors included. Rank 0
 // keeps the step it verified in *verified, so the load reads it only once.
@@ -968,9 +999,7 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const std::string& name,
               {"message", "no checkpoint in " + store_->uri() + " verifies; newest problem: " +
                               skipped.front()[1].get<std::string>()}};
     }();
-    if (rank_.world_size > 1)  // `replace`: a reason cut inside a UTF-8 sequence must not throw
-      CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(
-          name, decision.dump(-1, ' ', false, json::error_handler_t::replace)));
+    if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(PublishDecision(name, DecisionText(decision)));
   } else {
     CKPTIO_ASSIGN_OR_RETURN(std::string payload, coordinator_->WaitFor(name, options_.timeout));
     decision = json::parse(payload, nullptr, /*allow_exceptions=*/false);
@@ -999,10 +1028,8 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
   Status previous = FinishAsync();
   if (!previous.ok()) {
     if (rank_.rank == 0 && rank_.world_size > 1)  // the others wait for a decision: this one
-      (void)coordinator_->Publish(
-          decision,
-          json{{"code", static_cast<int>(previous.code())}, {"message", previous.message()}}.dump(
-              -1, ' ', false, json::error_handler_t::replace));
+      (void)PublishDecision(decision, DecisionText({{"code", static_cast<int>(previous.code())},
+                                                    {"message", previous.message()}}));
     return previous;
   }
   std::unique_ptr<OpenedStep> opened;
