@@ -144,14 +144,16 @@ struct CheckpointerOptions {
   // several writers are faster than one (parallel file systems, several NFS
   // servers); one local disk gains little (docs/PERFORMANCE.md).
   bool stripe = false;
-  // SaveAsync keeps this much host memory at most for staged tensor copies
-  // (kept between saves; pinned when CUDA tensors are saved). A state
-  // whose tensors need more is saved synchronously instead, with a warning.
+  // SaveAsync keeps this much host memory at most for what it stages: the
+  // tensor copies (kept between saves; pinned when CUDA tensors are saved)
+  // and the optimizers' archives (held until the background save ends;
+  // Adam's are about twice its parameters). A state that needs more is saved
+  // synchronously instead, with a warning (when the archives push it over,
+  // after the tensors were copied: the save writes those copies).
   // Pinned memory comes from LibTorch's caching host allocator, which rounds
   // a block up to a power of two and keeps a replaced block cached: pinned
-  // staging can take up to twice this, more if the state grows between saves.
-  // Optimizer archives are not counted: they are held in memory besides,
-  // until the background save ends (Adam's about twice its parameters).
+  // staging can take up to twice the tensors' share, more if the state grows
+  // between saves.
   uint64_t max_staging_bytes = uint64_t{4} << 30;
 };
 

@@ -31,7 +31,13 @@ struct SavePlan {
   };
   std::vector<TensorObject> tensor_objects;
   std::vector<std::pair<std::string, const torch::optim::Optimizer*>> optimizers;  // object, live
-  std::vector<std::pair<std::string, std::string>> archives;  // object, archived bytes
+  // An optimizer archived into memory, in pieces: appending to one growing
+  // buffer would hold up to twice the archive while it reallocates.
+  struct Archive {
+    std::string object;
+    std::vector<std::string> pieces;
+  };
+  std::vector<Archive> archives;
   std::map<std::string, std::string> metadata;
   // Rank 0 of a striped save: the part objects the other ranks must deliver.
   std::set<std::string> stripes;
@@ -275,8 +281,12 @@ Status WritePlan(PendingCheckpoint& pending, const SavePlan& plan) {
         *optimizer, object, [&](const void* d, size_t n) { return stream->Write(d, n); }));
     CKPTIO_RETURN_IF_ERROR(stream->Close());
   }
-  for (const auto& [object, bytes] : plan.archives)
-    CKPTIO_RETURN_IF_ERROR(pending.PutObject(object, bytes.data(), bytes.size()));
+  for (const auto& a : plan.archives) {
+    CKPTIO_ASSIGN_OR_RETURN(auto stream, pending.AddObject(a.object));
+    for (const auto& piece : a.pieces)
+      CKPTIO_RETURN_IF_ERROR(stream->Write(piece.data(), piece.size()));
+    CKPTIO_RETURN_IF_ERROR(stream->Close());
+  }
   return OkStatus();
 }
 
@@ -715,15 +725,20 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
         need = (need + kAlign - 1) / kAlign * kAlign + t.nbytes();
         cuda = cuda || t.is_cuda();
       }
-    if (need > options_.max_staging_bytes) {
+    // Too large to stage (`what` says how much): the call saves synchronously.
+    auto save_now = [&](const std::string& what) {
       if (!as.warned)
-        std::cerr << "ckptio: warning: SaveAsync of step " << step << " needs " << need
-                  << " bytes of staging, over max_staging_bytes (" << options_.max_staging_bytes
+        std::cerr << "ckptio: warning: SaveAsync of step " << step << " needs " << what
+                  << ", over max_staging_bytes (" << options_.max_staging_bytes
                   << "): saving synchronously; raise CheckpointerOptions::max_staging_bytes to "
                      "save in the background\n";
       as.warned = true;
       return done_now(SaveNow(step, attempt, plan));
-    }
+    };
+    if (need > options_.max_staging_bytes)
+      return save_now(std::to_string(need) + " bytes of tensor staging");
+    uint64_t archived = 0;
+    bool archives_too_large = false;
     Status staged = Guard("staging the state of step " + std::to_string(step), [&]() -> Status {
       const bool pinned = cuda && torch::cuda::is_available();
       if (need > 0 && (!as.staging.defined() || static_cast<uint64_t>(as.staging.numel()) < need ||
@@ -749,18 +764,37 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
           t = copy;
         }
       ParallelCopy(memcpys);
+      // The optimizers' archives take what the tensors left of the limit.
+      const uint64_t room = options_.max_staging_bytes - need;
       for (const auto& [object, optimizer] : plan.optimizers) {
-        std::string bytes;
-        CKPTIO_RETURN_IF_ERROR(ArchiveOptimizer(*optimizer, object, [&](const void* d, size_t n) {
-          bytes.append(static_cast<const char*>(d), n);
+        auto& pieces = plan.archives.emplace_back(SavePlan::Archive{object, {}}).pieces;
+        Status archive = ArchiveOptimizer(*optimizer, object, [&](const void* d, size_t n) {
+          archived += n;
+          if (archived > room) {  // stops the stream; the save is synchronous
+            archives_too_large = true;
+            return Status(Code::kResourceExhausted, "over max_staging_bytes");
+          }
+          // Small writes (zip headers) share a piece; a record's data is one.
+          constexpr size_t kLarge = 64 << 10;
+          if (n < kLarge && !pieces.empty() && pieces.back().size() < kLarge)
+            pieces.back().append(static_cast<const char*>(d), n);
+          else
+            pieces.emplace_back(static_cast<const char*>(d), n);
           return OkStatus();
-        }));
-        plan.archives.emplace_back(object, std::move(bytes));
+        });
+        if (archives_too_large) {
+          plan.archives.clear();
+          return OkStatus();
+        }
+        CKPTIO_RETURN_IF_ERROR(archive);
       }
       plan.optimizers.clear();
       return OkStatus();
     });
     if (!staged.ok()) return done_now(Abandon(step, attempt, staged));
+    if (archives_too_large)  // the staged tensors serve the synchronous save
+      return save_now(std::to_string(need) + " bytes of tensor staging and at least " +
+                      std::to_string(archived) + " bytes of optimizer archives");
   }
   as.worker = std::thread(
       [this, step, attempt, plan = std::move(plan), promise = std::move(promise)]() mutable {

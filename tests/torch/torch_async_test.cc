@@ -283,6 +283,47 @@ TEST_F(AsyncSaveTest, AStateOverTheStagingLimitIsSavedSynchronously) {
   CKPTIO_EXPECT_OK(reader->Verify());
 }
 
+// max_staging_bytes bounds the optimizers' archives too: tensors that fit,
+// with an Adam whose archive does not, are saved by the call itself (it
+// blocks on the closed gate), Adam included; with room for both the call
+// returns while the gate is closed.
+TEST_F(AsyncSaveTest, OptimizerArchivesCountTowardTheStagingLimit) {
+  Net net;  // ~37 KiB of parameters; Adam's archive holds twice that
+  torch::optim::Adam adam(net.parameters());
+  Train(net, adam, 1, 7);
+  State state{{"model", net}, {"optim", adam}};
+  for (uint64_t limit : {uint64_t{64} << 10, uint64_t{1} << 20}) {
+    SCOPED_TRACE("max_staging_bytes " + std::to_string(limit));
+    const bool fits = limit > (64u << 10);
+    TempDir dir;
+    auto gate = std::make_shared<GateBackend>(
+        std::shared_ptr<StorageBackend>(NewPosixBackend(dir.Sub("store")).value()));
+    CheckpointerOptions o;
+    o.max_staging_bytes = limit;
+    o.backend = gate;
+    auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{}, o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    gate->Close();
+    std::thread opener([&] {
+      std::this_thread::sleep_for(300ms);
+      gate->Open();
+    });
+    auto saved = (*ckpt)->SaveAsync(1, state);
+    EXPECT_EQ(Ready(saved), !fits) << (fits ? "the save did not run in the background"
+                                            : "the call returned before its save ended");
+    opener.join();
+    CKPTIO_ASSERT_OK(saved.get());
+    Net fresh;
+    torch::optim::Adam fresh_adam(fresh.parameters());
+    State into{{"model", fresh}, {"optim", fresh_adam}};
+    auto got = (*ckpt)->Load(into);
+    ASSERT_TRUE(got.ok() && got->has_value()) << (got.ok() ? "nothing" : got.status().ToString());
+    Train(net, adam, 1, 8);  // one more identical step: Adam's moments came back
+    Train(fresh, fresh_adam, 1, 8);
+    EXPECT_TRUE(torch::equal(net.fc1->weight, fresh.fc1->weight));
+  }
+}
+
 TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   // Two ranks in one process over the manifest signal.
   auto ranks = TwoRanks("async-test", /*stripe=*/false);
