@@ -84,6 +84,12 @@ class FairMutex {
   uint64_t next_ = 0, serving_ = 0;
 };
 
+// The folder of an absolute path in the export ("/" for a top-level one).
+std::string Dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
 // Appended to the message of an NFS STALE error, and what Replaced() looks
 // for: the only error after which a call is looked up again and retried.
 constexpr const char* kStaleHandle = "the file handle went stale (replaced or removed meanwhile)";
@@ -253,24 +259,42 @@ class Connection {
     if (rc < 0) return Error(rc, "open " + path);
     char buf[512];
     rc = nfs_pread(ctx, fh, 0, sizeof buf, buf);
-    Status s = rc < 0 ? ReadError(ctx, fh, rc, "read " + path) : OkStatus();
+    Status s = rc < 0 ? CallError(ctx, fh, rc, "read " + path) : OkStatus();
     (void)nfs_close(ctx, fh);
     if (!s.ok()) return s;
     out->assign(buf, static_cast<size_t>(rc));
     return OkStatus();
   }
 
-  // The Status for a failed READ (result `rc`) of `fh` on `on` (callers
-  // hold mu). libnfs 4.0 fails an NFSv3 READ of a file replaced (by a
-  // rename) since it was opened with EFAULT, as it does a broken
-  // connection: GETATTR on the handle tells which.
-  Status ReadError(struct nfs_context* on, struct nfsfh* fh, int rc, const std::string& what) {
-    if (rc == -EFAULT) {
-      struct nfs_stat_64 st;
-      int probe = nfs_fstat64(on, fh, &st);
-      if (probe == -ESTALE) return ErrorOn(on, probe, what);
+  // The Status for a failed READ or WRITE (result `rc`) of `fh` on `on`
+  // (callers hold mu). libnfs 4.0 fails an NFSv3 READ or WRITE that the
+  // server refused with EFAULT, as it does a broken connection, and drops
+  // the server's reason (NFS3ERR_NOSPC, _STALE, _IO...). GETATTR on the
+  // handle tells them apart: ESTALE for a file replaced (by a rename) since
+  // it was opened, an error for a broken connection, an answer when the
+  // server refused the call itself. After a refused WRITE of `bytes` bytes,
+  // FSSTAT on `dir` tells whether the server is out of space.
+  Status CallError(struct nfs_context* on, struct nfsfh* fh, int rc, const std::string& what,
+                   const std::string& dir = "", uint64_t bytes = 0) {
+    if (rc != -EFAULT) return ErrorOn(on, rc, what);
+    struct nfs_stat_64 st;
+    int probe = nfs_fstat64(on, fh, &st);
+    if (probe == -ESTALE) return ErrorOn(on, probe, what);
+    if (probe < 0) return ErrorOn(on, rc, what);  // the connection failed
+    const std::string where = what + " on " + uri + ": the server refused it";
+    std::string known;
+    struct nfs_statvfs_64 fs;
+    if (!dir.empty() && nfs_statvfs64(on, dir.c_str(), &fs) == 0) {
+      const uint64_t free = fs.f_bavail * fs.f_frsize;
+      if (free < bytes)
+        return ErrnoToStatus(ENOSPC, where + " (" + std::to_string(free) + " bytes free there)");
+      known = std::to_string(free) + " bytes are free there, so it is not space; ";
     }
-    return ErrorOn(on, rc, what);
+    return Status(Code::kUnavailable,
+                  where + " (" + known +
+                      "libnfs does not pass on a server's reason for refusing an NFSv3 READ or "
+                      "WRITE: a quota, a read-only export or an I/O error on the server are "
+                      "likely; see the server's log)");
   }
 
   // v3: a connection of its own for renewing lease files, so that a long
@@ -538,7 +562,7 @@ class NfsWriter : public ObjectWriter {
       if (c_->Broken(ctx_)) return c_->BrokenError("write " + tmp_);
       size_t n = std::min(c_->max_write, size - done);
       int rc = nfs_pwrite(ctx_, fh_, offset_, n, p + done);
-      if (rc < 0) return c_->ErrorOn(ctx_, rc, "write " + tmp_);
+      if (rc < 0) return c_->CallError(ctx_, fh_, rc, "write " + tmp_, Dir(tmp_), n);
       if (rc == 0)
         return Status(Code::kUnavailable, c_->uri + ": write " + tmp_ + " made no progress");
       done += static_cast<size_t>(rc);
@@ -643,7 +667,7 @@ class NfsReader : public ObjectReader {
     while (size > 0) {
       size_t n = std::min(size, c_->max_write * 16);
       int rc = nfs_pread(ctx_, fh_, offset, n, p);
-      if (rc < 0) return c_->ReadError(ctx_, fh_, rc, "read " + path_);
+      if (rc < 0) return c_->CallError(ctx_, fh_, rc, "read " + path_);
       if (rc == 0)
         return Status(Code::kDataLoss, c_->uri + ": " + path_ + " ends at byte " +
                                            std::to_string(offset) + " (truncated object?)");
@@ -1059,11 +1083,14 @@ class NfsBackend : public StorageBackend {
     int rc = nfs_open2(c_->ctx, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
     if (rc < 0) return c_->Error(rc, "create lease " + tmp);
     rc = nfs_pwrite(c_->ctx, fh, 0, record.size(), record.data());
-    if (rc >= 0 && rc != static_cast<int>(record.size())) rc = -EIO;
-    if (rc >= 0) rc = nfs_fsync(c_->ctx, fh);
+    Status error =
+        rc < 0 ? c_->CallError(c_->ctx, fh, rc, "write lease " + tmp, Dir(tmp), record.size())
+               : OkStatus();
+    if (error.ok() && rc != static_cast<int>(record.size())) rc = -EIO;
+    if (error.ok() && rc >= 0) rc = nfs_fsync(c_->ctx, fh);
     struct nfs_stat_64 st;
-    if (rc >= 0) rc = nfs_fstat64(c_->ctx, fh, &st);
-    Status error = rc < 0 ? c_->Error(rc, "write lease " + tmp) : OkStatus();
+    if (error.ok() && rc >= 0) rc = nfs_fstat64(c_->ctx, fh, &st);
+    if (error.ok() && rc < 0) error = c_->Error(rc, "write lease " + tmp);
     rc = nfs_close(c_->ctx, fh);
     if (error.ok() && rc < 0) error = c_->Error(rc, "close lease " + tmp);
     if (!error.ok()) {
