@@ -217,6 +217,23 @@ struct RawNfs {
     }
     nfs_close(ctx, fh);
   }
+  // Removes a store this run wrote at `path` (`uri` through ckptio): its
+  // objects, then its folder. The export keeps nothing of the benchmark.
+  void RemoveStore(const std::string& uri, const std::string& path) {
+    auto backend = ckptio::BuiltinBackends().Open(uri);
+    if (!backend.ok()) Die("nfs cleanup: " + backend.status().ToString());
+    auto keys = (*backend)->List("");
+    if (!keys.ok()) Die("nfs cleanup: " + keys.status().ToString());
+    for (auto it = keys->rbegin(); it != keys->rend(); ++it) {
+      ckptio::Status s = (*backend)->Delete(*it);
+      if (!s.ok()) Die("nfs cleanup: " + s.ToString());
+    }
+    backend->reset();
+    for (const char* d : {"/step-000000000001", "/.coord"})  // if still there
+      (void)nfs_rmdir(ctx, (path + d).c_str());
+    int rc = nfs_rmdir(ctx, path.c_str());
+    if (rc != 0 && rc != -ENOENT) Die("nfs cleanup: rmdir " + path + ": " + nfs_get_error(ctx));
+  }
 };
 
 // The tensors as a ckptio State (t0, t1, ...), referring to `tensors`.
@@ -680,7 +697,10 @@ int main(int argc, char** argv) {
         CkptioSave(store, state, &t["nfs_ckptio_save"]);
         t["nfs_raw_read"].push_back(Seconds([&] { nfs.Read("/" + sub + ".raw", buf); }));
         t["nfs_ckptio_load"].push_back(Seconds([&] { CkptioLoad(store, state); }));
+        nfs.RemoveStore(store, "/" + sub + "-" + std::to_string(r));
       }
+      if (nfs_unlink(nfs.ctx, ("/" + sub + ".raw").c_str()) != 0)
+        Die("nfs cleanup: " + std::string(nfs_get_error(nfs.ctx)));
     }
     json& js = out["shapes"][shape.name];
     js["tensors"] = shape.count;
