@@ -149,7 +149,8 @@ struct CheckpointerOptions {
   // and the optimizers' archives (held until the background save ends;
   // Adam's are about twice its parameters). A state that needs more is saved
   // synchronously instead, with a warning (when the archives push it over,
-  // after the tensors were copied: the save writes those copies).
+  // after the tensors were copied: the save writes those copies; later saves
+  // that would not fit by the last archives' size skip the copying).
   // Pinned memory comes from LibTorch's caching host allocator, which rounds
   // a block up to a power of two and keeps a replaced block cached: pinned
   // staging can take up to twice the tensors' share, more if the state grows

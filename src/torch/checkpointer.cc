@@ -618,6 +618,10 @@ struct internal::AsyncSave {
   Status result;            // the worker's outcome, read after join
   bool unreported = false;  // result not yet returned by a later call
   bool warned = false;      // the "too large for staging" warning, once
+  // Bytes of the optimizers' archives at the last save that made them (a
+  // lower bound when they did not fit): a save whose tensors and archives
+  // would not fit again is synchronous before anything is copied.
+  uint64_t archive_bytes = 0;
 };
 
 Checkpointer::Checkpointer() : async_(std::make_unique<internal::AsyncSave>()) {}
@@ -654,7 +658,7 @@ std::string StripeReceiptName(const std::string& attempt, int r) {
 
 Status Checkpointer::PublishDecision(const std::string& name, const std::string& payload) {
   CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(name, payload));
-  decisions_.push_back(name);
+  if (options_.stripe) decisions_.push_back(name);  // only a striped save retracts them
   return OkStatus();
 }
 
@@ -737,6 +741,10 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     };
     if (need > options_.max_staging_bytes)
       return save_now(std::to_string(need) + " bytes of tensor staging");
+    if (!plan.optimizers.empty() && as.archive_bytes > options_.max_staging_bytes - need)
+      return save_now(std::to_string(need) + " bytes of tensor staging and " +
+                      std::to_string(as.archive_bytes) +
+                      " bytes of optimizer archives (as at the last save)");
     uint64_t archived = 0;
     bool archives_too_large = false;
     Status staged = Guard("staging the state of step " + std::to_string(step), [&]() -> Status {
@@ -764,13 +772,16 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
           t = copy;
         }
       ParallelCopy(memcpys);
-      // The optimizers' archives take what the tensors left of the limit.
-      const uint64_t room = options_.max_staging_bytes - need;
+      // The optimizers' archives take what the staging buffer (which may
+      // be larger than `need`, from an earlier save) left of the limit.
+      const uint64_t held = need > 0 ? static_cast<uint64_t>(as.staging.numel()) : 0;
+      const uint64_t room =
+          options_.max_staging_bytes > held ? options_.max_staging_bytes - held : 0;
       for (const auto& [object, optimizer] : plan.optimizers) {
         auto& pieces = plan.archives.emplace_back(SavePlan::Archive{object, {}}).pieces;
         Status archive = ArchiveOptimizer(*optimizer, object, [&](const void* d, size_t n) {
           archived += n;
-          if (archived > room) {  // stops the stream; the save is synchronous
+          if (archived > room) {  // nothing more is kept (LibTorch writes on regardless)
             archives_too_large = true;
             return Status(Code::kResourceExhausted, "over max_staging_bytes");
           }
@@ -784,11 +795,12 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
         });
         if (archives_too_large) {
           plan.archives.clear();
-          return OkStatus();
+          break;
         }
         CKPTIO_RETURN_IF_ERROR(archive);
       }
-      plan.optimizers.clear();
+      as.archive_bytes = archived;
+      if (!archives_too_large) plan.optimizers.clear();
       return OkStatus();
     });
     if (!staged.ok()) return done_now(Abandon(step, attempt, staged));

@@ -283,44 +283,78 @@ TEST_F(AsyncSaveTest, AStateOverTheStagingLimitIsSavedSynchronously) {
   CKPTIO_EXPECT_OK(reader->Verify());
 }
 
-// max_staging_bytes bounds the optimizers' archives too: tensors that fit,
-// with an Adam whose archive does not, are saved by the call itself (it
-// blocks on the closed gate), Adam included; with room for both the call
-// returns while the gate is closed.
+// max_staging_bytes bounds the optimizers' archives too. Net's tensors
+// take ~37 KiB of staging; Adam's archive for all of them ~75 KiB, for fc2
+// alone ~9 KiB. Over the limit the call saves by itself (it blocks on the
+// closed gate), optimizers included; with room, it returns while the gate
+// is closed.
 TEST_F(AsyncSaveTest, OptimizerArchivesCountTowardTheStagingLimit) {
-  Net net;  // ~37 KiB of parameters; Adam's archive holds twice that
-  torch::optim::Adam adam(net.parameters());
-  Train(net, adam, 1, 7);
-  State state{{"model", net}, {"optim", adam}};
-  for (uint64_t limit : {uint64_t{64} << 10, uint64_t{1} << 20}) {
-    SCOPED_TRACE("max_staging_bytes " + std::to_string(limit));
-    const bool fits = limit > (64u << 10);
+  struct Case {
+    const char* what;
+    uint64_t limit;
+    bool split;  // two Adams: fc2's (small, archived first), then fc1's
+    bool fits;
+  };
+  for (const Case& c : {
+           // The archive alone fits in 96 KiB; with the tensors it does not.
+           Case{"one Adam, 96 KiB", 96 << 10, false, false},
+           Case{"one Adam, 1 MiB", 1 << 20, false, true},
+           // The first archive fits, the second does not.
+           Case{"two Adams, 64 KiB", 64 << 10, true, false},
+       }) {
+    SCOPED_TRACE(c.what);
+    Net net;
+    torch::optim::Adam fc1_adam(net.fc1->parameters()), fc2_adam(net.fc2->parameters());
+    torch::optim::Adam all_adam(net.parameters());
+    auto train = [&](Net& n, std::vector<torch::optim::Optimizer*> opts, uint64_t seed) {
+      torch::manual_seed(seed);
+      for (auto* o : opts) o->zero_grad();
+      n.forward(torch::randn({16, 64})).pow(2).mean().backward();
+      for (auto* o : opts) o->step();
+    };
+    std::vector<torch::optim::Optimizer*> opts =
+        c.split ? std::vector<torch::optim::Optimizer*>{&fc2_adam, &fc1_adam}
+                : std::vector<torch::optim::Optimizer*>{&all_adam};
+    train(net, opts, 7);
+    State state{{"model", net}};
+    for (size_t i = 0; i < opts.size(); ++i)
+      state.items.emplace_back("optim" + std::to_string(i), *opts[i]);
+
     TempDir dir;
     auto gate = std::make_shared<GateBackend>(
         std::shared_ptr<StorageBackend>(NewPosixBackend(dir.Sub("store")).value()));
     CheckpointerOptions o;
-    o.max_staging_bytes = limit;
+    o.max_staging_bytes = c.limit;
     o.backend = gate;
     auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{}, o);
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
     gate->Close();
     std::thread opener([&] {
-      std::this_thread::sleep_for(300ms);
+      std::this_thread::sleep_for(500ms);
       gate->Open();
     });
     auto saved = (*ckpt)->SaveAsync(1, state);
-    EXPECT_EQ(Ready(saved), !fits) << (fits ? "the save did not run in the background"
-                                            : "the call returned before its save ended");
+    EXPECT_EQ(Ready(saved), !c.fits) << (c.fits ? "the save did not run in the background"
+                                                : "the call returned before its save ended");
     opener.join();
     CKPTIO_ASSERT_OK(saved.get());
+
+    // Every optimizer came back whole: one more identical step agrees.
     Net fresh;
-    torch::optim::Adam fresh_adam(fresh.parameters());
-    State into{{"model", fresh}, {"optim", fresh_adam}};
+    torch::optim::Adam f1(fresh.fc1->parameters()), f2(fresh.fc2->parameters());
+    torch::optim::Adam fall(fresh.parameters());
+    std::vector<torch::optim::Optimizer*> fresh_opts =
+        c.split ? std::vector<torch::optim::Optimizer*>{&f2, &f1}
+                : std::vector<torch::optim::Optimizer*>{&fall};
+    State into{{"model", fresh}};
+    for (size_t i = 0; i < fresh_opts.size(); ++i)
+      into.items.emplace_back("optim" + std::to_string(i), *fresh_opts[i]);
     auto got = (*ckpt)->Load(into);
     ASSERT_TRUE(got.ok() && got->has_value()) << (got.ok() ? "nothing" : got.status().ToString());
-    Train(net, adam, 1, 8);  // one more identical step: Adam's moments came back
-    Train(fresh, fresh_adam, 1, 8);
-    EXPECT_TRUE(torch::equal(net.fc1->weight, fresh.fc1->weight));
+    train(net, opts, 8);
+    train(fresh, fresh_opts, 8);
+    EXPECT_TRUE(torch::equal(net.fc1->weight, fresh.fc1->weight)) << "fc1's Adam state differs";
+    EXPECT_TRUE(torch::equal(net.fc2->weight, fresh.fc2->weight)) << "fc2's Adam state differs";
   }
 }
 
