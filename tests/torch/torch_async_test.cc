@@ -567,8 +567,16 @@ TEST_F(AsyncSaveTest, StripedSaveAsyncAcrossTwoRanksOfOneProcess) {
   ASSERT_TRUE(got1.ok()) << got1.status();
   EXPECT_TRUE(SameAs(back0, snap));
   EXPECT_TRUE(SameAs(back1, snap));
-  EXPECT_EQ(c1->SaveNonBlocking(4, state).status().code(), Code::kInvalidArgument)
-      << "SaveNonBlocking cannot stripe";
+  for (auto* c : {c0.get(), c1.get()})  // every rank makes the same calls
+    EXPECT_EQ(c->SaveNonBlocking(4, state).status().code(), Code::kInvalidArgument)
+        << "SaveNonBlocking cannot stripe";
+  // The next striped save retracts its own records and the load's decision.
+  auto g1 = c1->SaveAsync(5, state);
+  auto g0 = c0->SaveAsync(5, state);
+  CKPTIO_ASSERT_OK(g0.get());
+  CKPTIO_ASSERT_OK(g1.get());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto records, c0->store().backend().List(".coord/"));
+  EXPECT_EQ(records, std::vector<std::string>{".coord/save"});
 }
 
 TEST_F(AsyncSaveTest, AStripedSaveWhosePartFailsLeavesNothingAndARetryWorks) {
@@ -588,6 +596,10 @@ TEST_F(AsyncSaveTest, AStripedSaveWhosePartFailsLeavesNothingAndARetryWorks) {
   EXPECT_FALSE(f1.get().ok()) << "rank 1 reported a step rank 0 could not commit";
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, c1->store().backend().List("step-000000000005/"));
   EXPECT_TRUE(keys.empty()) << "left in the abandoned step: " << keys.front();
+  // Rank 1's receipt came (rank 0 failed, not rank 1): the save's records
+  // are retracted all the same.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto records, c0->store().backend().List(".coord/"));
+  EXPECT_EQ(records, std::vector<std::string>{".coord/save"});
   gate_->FailNewObjects(false);
   // The next calls report the failure once (SaveAsync's contract); then the
   // same step saves.
