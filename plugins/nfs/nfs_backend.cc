@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <nfsc/libnfs.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,15 +19,15 @@
 #include <thread>
 #include <vector>
 
+#include "nfs_limits.h"
 #include "object_io.h"
 
 namespace ckptio {
 namespace {
 
 constexpr size_t kWriteBuffer = 1 << 20;
-// libnfs 4.0 corrupts NFSv4 WRITEs above this size (the server rejects
-// them), so v4 writes go in pieces no larger.
-constexpr size_t kV4MaxWrite = 3840;
+using nfs_limits::kV4MaxWrite;
+using nfs_limits::kV4WritesInFlight;
 constexpr uint64_t kSnapshotBytes = 1 << 20;
 constexpr uint64_t kLockBytes = 1;  // v4 locks cover byte 0 (a length of 0 is refused)
 constexpr int kNf3Reg = 1, kNf3Dir = 2;
@@ -352,8 +353,9 @@ class Connection {
   std::string export_path;  // what is mounted
   std::string root;         // the store's folder, relative to the mount ("" or "/a/b")
   size_t max_write = kWriteBuffer;
-  FairMutex mu;         // ctx, retired, failed, reconnects; every call on them
-  std::mutex locks_mu;  // held, stop, lease_ctx, lease_failed; the v4 lock connections
+  size_t writes_in_flight = 1;  // WRITEs of max_write bytes sent at once
+  FairMutex mu;                 // ctx, retired, failed, reconnects; every call on them
+  std::mutex locks_mu;          // held, stop, lease_ctx, lease_failed; the v4 lock connections
   std::map<std::string, Held> held;
   struct nfs_context* lease_ctx = nullptr;  // v3: see RefreshLeaseConnection
   bool lease_failed = false;                // lease_ctx saw a transport error
@@ -554,19 +556,91 @@ class NfsWriter : public ObjectWriter {
                   c_->uri + ": object " + target_ + " failed earlier or is committed");
   }
 
-  // Writes `size` bytes at the end of the temp, one WRITE per mu.
+  // Writes `size` bytes at the end of the temp, a batch of WRITEs (one for
+  // v3, writes_in_flight for v4) per hold of mu.
   Status Write(const char* p, size_t size) {
-    size_t done = 0;
-    while (done < size) {
+    const size_t batch = c_->max_write * c_->writes_in_flight;
+    for (size_t done = 0; done < size;) {
+      const size_t n = std::min(batch, size - done);
       std::lock_guard<FairMutex> g(c_->mu);
       if (c_->Broken(ctx_)) return c_->BrokenError("write " + tmp_);
-      size_t n = std::min(c_->max_write, size - done);
-      int rc = nfs_pwrite(ctx_, fh_, offset_, n, p + done);
+      CKPTIO_RETURN_IF_ERROR(n > c_->max_write ? WriteBatchLocked(offset_, p + done, n)
+                                               : WriteLocked(offset_, p + done, n));
+      done += n;
+      offset_ += n;
+    }
+    return OkStatus();
+  }
+
+  // Writes [p, p + n) at `off`, one WRITE after another (callers hold mu).
+  Status WriteLocked(uint64_t off, const char* p, size_t n) {
+    while (n > 0) {
+      int rc = nfs_pwrite(ctx_, fh_, off, std::min(n, c_->max_write), p);
       if (rc < 0) return c_->CallError(ctx_, fh_, rc, "write " + tmp_, Dir(tmp_), n);
       if (rc == 0)
         return Status(Code::kUnavailable, c_->uri + ": write " + tmp_ + " made no progress");
-      done += static_cast<size_t>(rc);
-      offset_ += static_cast<uint64_t>(rc);
+      p += rc;
+      off += static_cast<uint64_t>(rc);
+      n -= static_cast<size_t>(rc);
+    }
+    return OkStatus();
+  }
+
+  // Writes [p, p + n) at `off` in WRITEs of max_write bytes, all in flight
+  // at once, driving libnfs's event loop as its synchronous calls do
+  // (callers hold mu). A short WRITE's rest is written after the batch.
+  Status WriteBatchLocked(uint64_t off, const char* p, size_t n) {
+    struct Batch;
+    struct Piece {
+      Batch* batch;
+      uint64_t off;
+      size_t len;
+      int rc = 0;  // bytes written, or -errno
+    };
+    struct Batch {
+      size_t pending = 0;
+      std::vector<Piece> pieces;
+    };
+    auto batch = std::make_unique<Batch>();
+    batch->pieces.reserve((n + c_->max_write - 1) / c_->max_write);  // stable addresses
+    for (size_t at = 0; at < n; at += c_->max_write)
+      batch->pieces.push_back({batch.get(), off + at, std::min(c_->max_write, n - at)});
+    auto done = [](int rc, struct nfs_context*, void*, void* private_data) {
+      auto* piece = static_cast<Piece*>(private_data);
+      piece->rc = rc;
+      --piece->batch->pending;
+    };
+    Status error;
+    for (Piece& piece : batch->pieces) {
+      if (nfs_pwrite_async(ctx_, fh_, piece.off, piece.len, p + (piece.off - off), done, &piece) !=
+          0) {
+        error = Status(Code::kResourceExhausted, c_->uri + ": write " + tmp_ +
+                                                     ": libnfs could not queue a WRITE (" +
+                                                     nfs_get_error(ctx_) + ")");
+        break;
+      }
+      ++batch->pending;
+    }
+    while (batch->pending > 0) {
+      struct pollfd pfd = {nfs_get_fd(ctx_), static_cast<short>(nfs_which_events(ctx_)), 0};
+      int ready = ::poll(&pfd, 1, 100);  // timeouts are found by nfs_service
+      if (ready < 0 && errno == EINTR) continue;
+      if (nfs_service(ctx_, ready < 0 ? -1 : pfd.revents) < 0) {
+        // Requests are still in flight on a connection that is now marked
+        // failed and never serviced again: their callbacks never run, and
+        // the batch they point to is left behind with it.
+        (void)batch.release();
+        return c_->ErrorOn(ctx_, -EFAULT, "write " + tmp_);
+      }
+    }
+    if (!error.ok()) return error;
+    for (const Piece& piece : batch->pieces) {  // in order: the first failure is reported
+      if (piece.rc < 0)
+        return c_->CallError(ctx_, fh_, piece.rc, "write " + tmp_, Dir(tmp_), piece.len);
+      const size_t wrote = static_cast<size_t>(piece.rc);
+      if (wrote < piece.len)
+        CKPTIO_RETURN_IF_ERROR(
+            WriteLocked(piece.off + wrote, p + (piece.off - off) + wrote, piece.len - wrote));
     }
     return OkStatus();
   }
@@ -1240,6 +1314,7 @@ Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions o) {
   if (c->root == "/") c->root.clear();
   if (o.version == 4) {
     c->max_write = kV4MaxWrite;
+    c->writes_in_flight = kV4WritesInFlight;
   } else {
     uint64_t wmax = nfs_get_writemax(c->ctx);
     if (wmax > 0) c->max_write = std::min<uint64_t>(wmax, kWriteBuffer);
