@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -142,10 +143,32 @@ class Connection {
   // autoreconnect is off: it would resend writes a rebooted server lost
   // before their COMMIT), so it is replaced by a fresh mount. Objects opened
   // on it fail (see Broken): they are never continued on the new one.
+  // After a timeout, or a reconnect that failed, the server is not tried
+  // again until timeout_ms has passed: the calls that clean up after the
+  // failed one (removing a temp, checking the fence, releasing the lock)
+  // fail at once instead of each waiting out the deadline again.
   Status EnsureConnected() {
     if (!failed.count(ctx)) return OkStatus();
-    return Reconnect().WithContext("reconnecting after a failed connection to " + uri);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < quiet_until)
+      return Status(Code::kUnavailable,
+                    "not reconnecting to " + uri + " yet: " + quiet_why + " " +
+                        std::to_string(
+                            std::chrono::duration_cast<std::chrono::milliseconds>(now - quiet_since)
+                                .count()) +
+                        " ms ago; it is tried again " + std::to_string(options.timeout.count()) +
+                        " ms after that");
+    Status s = Reconnect();
+    if (s.code() == Code::kUnavailable) StartQuiet(s.message());
+    return s.WithContext("reconnecting after a failed connection to " + uri);
   }
+  void StartQuiet(const std::string& why) const {
+    quiet_since = std::chrono::steady_clock::now();
+    quiet_until = quiet_since + options.timeout;
+    quiet_why = why;
+  }
+  // Whether the server timed out (or a reconnect failed) within timeout_ms.
+  bool InQuiet() const { return std::chrono::steady_clock::now() < quiet_until; }
   // Whether `on` saw a transport error (callers hold mu).
   bool Broken(struct nfs_context* on) const { return failed.count(on) > 0; }
   Status BrokenError(const std::string& what) const {
@@ -161,7 +184,10 @@ class Connection {
   static Kind Classify(int rc, const char* detail) {
     auto says = [&](const char* text) { return detail && std::strstr(detail, text); };
     const int err = rc < 0 ? -rc : EIO;
-    if (err == ETIMEDOUT || says("timed out")) return Kind::kTimeout;
+    // libnfs 4.0 reports an NFSv3 READ or WRITE that timed out as cancelled
+    // (EINTR); nothing here cancels calls.
+    if (err == ETIMEDOUT || says("timed out") || (err == EINTR && says("cancelled")))
+      return Kind::kTimeout;
     // (libnfs 4.0 reports NFS4ERR_STALE as EIO.)
     if (err == ESTALE || (err == EIO && says("NFS4ERR_STALE("))) return Kind::kStale;
     // libnfs reports a broken connection (an RPC that failed in transport,
@@ -182,6 +208,7 @@ class Connection {
     if (kind == Kind::kTimeout) {
       s = Status(Code::kUnavailable, msg + ": the server did not answer within " +
                                          std::to_string(options.timeout.count()) + " ms");
+      StartQuiet(s.message());
     } else if (kind == Kind::kStale) {
       return Status(Code::kUnavailable, msg + ": " + kStaleHandle);
     } else if (kind == Kind::kTransport) {
@@ -362,6 +389,10 @@ class Connection {
   std::atomic<uint64_t> counter{0};
   std::vector<struct nfs_context*> retired;      // replaced by Reconnect
   mutable std::set<struct nfs_context*> failed;  // transport errors seen on these
+  // No reconnect before quiet_until (see EnsureConnected): since quiet_since,
+  // for quiet_why.
+  mutable std::chrono::steady_clock::time_point quiet_since{}, quiet_until{};
+  mutable std::string quiet_why;
   int reconnects = 0;
 
  private:
@@ -675,10 +706,14 @@ class NfsWriter : public ObjectWriter {
     std::lock_guard<FairMutex> g(c_->mu);
     DiscardLocked();
   }
+  // Closes and removes the temp, unless its connection failed: the calls
+  // would each wait out the deadline on a hung server. The temp is then left
+  // for the next writer's sweep of stale temps.
   void DiscardLocked() {
-    if (fh_) (void)nfs_close(ctx_, fh_);
+    const bool broken = c_->Broken(ctx_);
+    if (fh_ && !broken) (void)nfs_close(ctx_, fh_);
     fh_ = nullptr;
-    if (!tmp_.empty()) (void)nfs_unlink(ctx_, tmp_.c_str());
+    if (!tmp_.empty() && !broken) (void)nfs_unlink(ctx_, tmp_.c_str());
     tmp_.clear();
   }
 
@@ -700,7 +735,7 @@ class NfsReader : public ObjectReader {
   ~NfsReader() override {
     if (!fh_) return;  // (a snapshot: may be destroyed with mu held)
     std::lock_guard<FairMutex> g(c_->mu);
-    (void)nfs_close(ctx_, fh_);
+    if (!c_->Broken(ctx_)) (void)nfs_close(ctx_, fh_);
   }
   uint64_t Size() const override { return size_; }
   Status ReadAt(uint64_t offset, void* buf, size_t size) override {
@@ -773,12 +808,14 @@ class NfsLock : public BackendLock {
     if (it == c_->held.end()) return;
     Connection::Held& h = it->second;
     if (h.ctx) {  // v4: unlock, close, disconnect
+      // A server that just timed out is not asked (each call would wait out
+      // the deadline): the lock then ends with this client's lease.
       struct nfs4_flock fl {};
       fl.l_type = F_UNLCK;
       fl.l_whence = SEEK_SET;
       fl.l_len = kLockBytes;
-      bool ok = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl) == 0;
-      ok = nfs_close(h.ctx, h.fh) == 0 && ok;
+      bool ok = !c_->InQuiet() && nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl) == 0;
+      ok = ok && nfs_close(h.ctx, h.fh) == 0;
       ReleaseContext(h.ctx, !ok);
     } else if (!h.lost) {  // v3: remove the lease file if it is still ours
       std::string now;

@@ -115,6 +115,45 @@ TEST_P(NfsFault, AHungServerFailsCallsByTheDeadline) {
   EXPECT_TRUE((*again)->OpenLatest().ok());
 }
 
+// A server that hangs in the middle of a save fails the save by about one
+// deadline, not one per call made to clean up after it (removing the temp,
+// checking the fence, releasing the writer lock: those give up at once
+// while the server is known not to answer). Once it answers again, the
+// same store saves again.
+TEST_P(NfsFault, AServerThatHangsMidSaveFailsTheSaveByOneDeadline) {
+  const std::string sub = "hang-save-v" + std::to_string(version());
+  auto store = OpenStore(Uri(sub));
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(Save(**store, 1, 1000).ok());
+  auto saving = std::async(std::launch::async, [&] { return Save(**store, 2, 256 << 20); });
+  const std::string dir = Private().export_dir() + "/" + sub + "/" + StepDirName(2);
+  const auto t0 = Clock::now();
+  while (::access(dir.c_str(), F_OK) != 0 && MsSince(t0) < 10000)
+    std::this_thread::sleep_for(milliseconds(1));
+  ASSERT_EQ(::kill(Private().Pid(), SIGSTOP), 0);
+  const auto stopped = Clock::now();
+  const bool finished = saving.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  const int64_t took = MsSince(stopped);
+  ::kill(Private().Pid(), SIGCONT);
+  ASSERT_TRUE(finished) << "the save hung on a stopped server";
+  Status s = saving.get();
+  ASSERT_FALSE(s.ok()) << "a 256 MiB save finished before the server stopped; make it larger";
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s;
+  EXPECT_NE(s.message().find("did not answer within 2000 ms"), std::string::npos) << s;
+  EXPECT_LT(took, 5000) << "the save took " << took << " ms to fail with timeout_ms=2000: " << s;
+  // Back: after timeout_ms the store reconnects; the writer lock left behind
+  // ends with its lease, and the same step saves.
+  std::this_thread::sleep_for(milliseconds(2100));
+  CKPTIO_EXPECT_OK(Save(**store, 2, 1 << 20));
+  auto latest = (*store)->OpenLatest();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ((*latest)->step(), 2);
+  CKPTIO_EXPECT_OK((*latest)->Verify());
+  if (HasFailure()) return;
+  std::cout << "nfs v" << version() << ": a server SIGSTOPped mid-save failed the save " << took
+            << " ms later (timeout_ms=2000): " << s << "; after SIGCONT the step saved\n";
+}
+
 TEST_P(NfsFault, AServerKilledMidSaveLeavesAWholeCheckpoint) {
   const std::string sub = "killed-v" + std::to_string(version());
   const std::string uri = Uri(sub);
