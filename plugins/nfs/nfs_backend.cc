@@ -150,7 +150,7 @@ class Connection {
   Status EnsureConnected() {
     if (!failed.count(ctx)) return OkStatus();
     const auto now = std::chrono::steady_clock::now();
-    if (now < quiet_until)
+    if (InQuiet())
       return Status(Code::kUnavailable,
                     "not reconnecting to " + uri + " yet: " + quiet_why + " " +
                         std::to_string(
@@ -159,16 +159,21 @@ class Connection {
                         " ms ago; it is tried again " + std::to_string(options.timeout.count()) +
                         " ms after that");
     Status s = Reconnect();
-    if (s.code() == Code::kUnavailable) StartQuiet(s.message());
+    // A refused connection (a server restarting) costs nothing to retry.
+    if (s.code() == Code::kUnavailable && Classify(-EIO, s.message().c_str()) == Kind::kTimeout)
+      StartQuiet(s.message());
     return s.WithContext("reconnecting after a failed connection to " + uri);
   }
   void StartQuiet(const std::string& why) const {
     quiet_since = std::chrono::steady_clock::now();
-    quiet_until = quiet_since + options.timeout;
     quiet_why = why;
+    quiet_until = (quiet_since + options.timeout).time_since_epoch().count();
   }
   // Whether the server timed out (or a reconnect failed) within timeout_ms.
-  bool InQuiet() const { return std::chrono::steady_clock::now() < quiet_until; }
+  // (Read without mu by a v4 lock's release, hence the atomic.)
+  bool InQuiet() const {
+    return std::chrono::steady_clock::now().time_since_epoch().count() < quiet_until.load();
+  }
   // Whether `on` saw a transport error (callers hold mu).
   bool Broken(struct nfs_context* on) const { return failed.count(on) > 0; }
   Status BrokenError(const std::string& what) const {
@@ -208,7 +213,7 @@ class Connection {
     if (kind == Kind::kTimeout) {
       s = Status(Code::kUnavailable, msg + ": the server did not answer within " +
                                          std::to_string(options.timeout.count()) + " ms");
-      StartQuiet(s.message());
+      if (on == ctx) StartQuiet(s.message());  // (a lock's own connection: not the data's)
     } else if (kind == Kind::kStale) {
       return Status(Code::kUnavailable, msg + ": " + kStaleHandle);
     } else if (kind == Kind::kTransport) {
@@ -321,8 +326,11 @@ class Connection {
     return Status(Code::kUnavailable,
                   where + " (" + known +
                       "libnfs does not pass on a server's reason for refusing an NFSv3 READ or "
-                      "WRITE: a quota, a read-only export or an I/O error on the server are "
-                      "likely; see the server's log)");
+                      "WRITE: " +
+                      (dir.empty() ? "an I/O error on the server is likely"
+                                   : "a quota, a read-only export or an I/O error on the server "
+                                     "are likely") +
+                      "; see the server's log)");
   }
 
   // v3: a connection of its own for renewing lease files, so that a long
@@ -389,10 +397,11 @@ class Connection {
   std::atomic<uint64_t> counter{0};
   std::vector<struct nfs_context*> retired;      // replaced by Reconnect
   mutable std::set<struct nfs_context*> failed;  // transport errors seen on these
-  // No reconnect before quiet_until (see EnsureConnected): since quiet_since,
-  // for quiet_why.
-  mutable std::chrono::steady_clock::time_point quiet_since{}, quiet_until{};
+  // No reconnect before quiet_until (steady_clock ticks; see EnsureConnected):
+  // since quiet_since, for quiet_why (those two under mu).
+  mutable std::chrono::steady_clock::time_point quiet_since{};
   mutable std::string quiet_why;
+  mutable std::atomic<std::chrono::steady_clock::rep> quiet_until{0};
   int reconnects = 0;
 
  private:
@@ -404,6 +413,9 @@ class Connection {
     while (!stop) {
       wake.wait_for(g, period, [&] { return stop; });
       if (stop) break;
+      // A server that just timed out would hold locks_mu (and a lock's
+      // release waiting for it) for another timeout_ms.
+      if (InQuiet()) continue;
       if (options.version == 4) {
         for (auto& [key, h] : held) {
           // Any READ with the open stateid renews the client's lease.
@@ -645,9 +657,10 @@ class NfsWriter : public ObjectWriter {
     for (Piece& piece : batch->pieces) {
       if (nfs_pwrite_async(ctx_, fh_, piece.off, piece.len, p + (piece.off - off), done, &piece) !=
           0) {
+        const char* why = nfs_get_error(ctx_);
         error = Status(Code::kResourceExhausted, c_->uri + ": write " + tmp_ +
                                                      ": libnfs could not queue a WRITE (" +
-                                                     nfs_get_error(ctx_) + ")");
+                                                     (why ? why : "no reason given") + ")");
         break;
       }
       ++batch->pending;
@@ -808,13 +821,16 @@ class NfsLock : public BackendLock {
     if (it == c_->held.end()) return;
     Connection::Held& h = it->second;
     if (h.ctx) {  // v4: unlock, close, disconnect
-      // A server that just timed out is not asked (each call would wait out
-      // the deadline): the lock then ends with this client's lease.
+      // A server that just timed out on the data connection is given one
+      // second to unlock (not timeout_ms per call); if it does not, the lock
+      // ends with this client's lease (a holder that is alive but was slow
+      // unlocks in time).
+      if (c_->InQuiet()) nfs_set_timeout(h.ctx, 1000);
       struct nfs4_flock fl {};
       fl.l_type = F_UNLCK;
       fl.l_whence = SEEK_SET;
       fl.l_len = kLockBytes;
-      bool ok = !c_->InQuiet() && nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl) == 0;
+      bool ok = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl) == 0;
       ok = ok && nfs_close(h.ctx, h.fh) == 0;
       ReleaseContext(h.ctx, !ok);
     } else if (!h.lost) {  // v3: remove the lease file if it is still ours

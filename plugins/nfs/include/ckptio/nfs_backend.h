@@ -18,7 +18,7 @@
 //   1. create ".ckptio-tmp.<name>.<host>.<pid>.<n>.<nonce>" in the target's
 //      folder with OPEN/CREATE (nfs_open2 O_CREAT|O_EXCL);
 //   2. WRITE, UNSTABLE, in pieces the server accepts (v4: 3840 bytes, the
-//      largest libnfs 4.0 sends intact);
+//      largest libnfs 4.0 sends intact, 64 of them in flight at once);
 //   3. COMMIT (nfs_fsync): an error fails the commit, never retried;
 //   4. CLOSE, checked;
 //   5. RENAME tmp -> name (kReplace), or LINK tmp -> name + REMOVE tmp
@@ -50,6 +50,12 @@
 // while we used it) makes a call look the name up again and retry. The
 // next call after a broken connection mounts afresh (libnfs's own
 // reconnect stays off); writers and readers opened on the broken one fail.
+// After a timeout, or a fresh mount that timed out, no mount is tried for
+// timeout_ms: the calls that clean up after a failed save fail at once, so
+// a server that hangs mid-save fails it after about one timeout_ms. libnfs
+// 4.0 reports an NFSv3 READ or WRITE the server refused as EFAULT too; a
+// GETATTR on the file tells that apart from a broken connection, and a
+// refused WRITE on a server without space is ResourceExhausted.
 // Symbolic links: libnfs follows them in every folder of a path, so a
 // folder of the store that is a link (step-N -> elsewhere) is refused
 // (FailedPrecondition, naming it) before creating, renaming, linking,
@@ -57,9 +63,10 @@
 //
 // Thread safety: one connection per backend, shared by every call, writer
 // and reader, taken one RPC (or a few) at a time in arrival order: a large
-// Append goes a WRITE at a time and a large ReadAt at most 16 READs (of the
-// server's maximum size) at a time, so other calls never wait for a whole
-// object. v3 lease renewal has a connection of its own.
+// Append goes a WRITE at a time (v4: a batch of 64) and a large ReadAt at
+// most 16 READs (of the server's maximum size) at a time, so other calls
+// never wait for a whole object. v3 lease renewal has a connection of its
+// own.
 #ifndef CKPTIO_NFS_BACKEND_H_
 #define CKPTIO_NFS_BACKEND_H_
 
