@@ -229,8 +229,8 @@ struct RawNfs {
       if (!s.ok()) Die("nfs cleanup: " + s.ToString());
     }
     backend->reset();
-    for (const char* d : {"/step-000000000001", "/.coord"})  // if still there
-      (void)nfs_rmdir(ctx, (path + d).c_str());
+    for (const std::string& d : {"/" + ckptio::StepDirName(1), std::string("/.coord")})
+      (void)nfs_rmdir(ctx, (path + d).c_str());  // if still there
     int rc = nfs_rmdir(ctx, path.c_str());
     if (rc != 0 && rc != -ENOENT) Die("nfs cleanup: rmdir " + path + ": " + nfs_get_error(ctx));
   }
