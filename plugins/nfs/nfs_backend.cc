@@ -389,7 +389,7 @@ class Connection {
   std::string root;         // the store's folder, relative to the mount ("" or "/a/b")
   size_t max_write = kWriteBuffer;
   size_t writes_in_flight = 1;  // WRITEs of max_write bytes sent at once
-  FairMutex mu;                 // ctx, retired, failed, reconnects; every call on them
+  FairMutex mu;                 // ctx, retired, failed, stranded, reconnects; every call on them
   std::mutex locks_mu;          // held, stop, lease_ctx, lease_failed; the v4 lock connections
   std::map<std::string, Held> held;
   struct nfs_context* lease_ctx = nullptr;  // v3: see RefreshLeaseConnection
@@ -397,6 +397,10 @@ class Connection {
   std::atomic<uint64_t> counter{0};
   std::vector<struct nfs_context*> retired;      // replaced by Reconnect
   mutable std::set<struct nfs_context*> failed;  // transport errors seen on these
+  // What requests left in flight on a failed context point to (see
+  // WriteBatchLocked): kept until the contexts are released, since a failed
+  // context is never serviced again and its callbacks never run.
+  std::vector<std::shared_ptr<void>> stranded;
   // No reconnect before quiet_until (steady_clock ticks; see EnsureConnected):
   // since quiet_since, for quiet_why (those two under mu).
   mutable std::chrono::steady_clock::time_point quiet_since{};
@@ -671,10 +675,11 @@ class NfsWriter : public ObjectWriter {
       if (ready < 0 && errno == EINTR) continue;
       if (nfs_service(ctx_, ready < 0 ? -1 : pfd.revents) < 0) {
         // Requests are still in flight on a connection that is now marked
-        // failed and never serviced again: their callbacks never run, and
-        // the batch they point to is left behind with it.
-        (void)batch.release();
-        return c_->ErrorOn(ctx_, -EFAULT, "write " + tmp_);
+        // failed and never serviced again: the batch they point to stays
+        // with the connection.
+        Status s = c_->ErrorOn(ctx_, -EFAULT, "write " + tmp_);
+        c_->stranded.push_back(std::move(batch));
+        return s;
       }
     }
     if (!error.ok()) return error;
