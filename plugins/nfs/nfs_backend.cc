@@ -54,6 +54,12 @@ void ReleaseContext(struct nfs_context* ctx, bool failed) {
   if (fd >= 0) ::close(fd);
 }
 
+// libnfs's text for the last error on `ctx` (it may have none).
+std::string ErrorText(struct nfs_context* ctx) {
+  const char* e = nfs_get_error(ctx);
+  return e ? e : "libnfs gave no reason";
+}
+
 }  // namespace
 
 Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& client,
@@ -661,10 +667,9 @@ class NfsWriter : public ObjectWriter {
     for (Piece& piece : batch->pieces) {
       if (nfs_pwrite_async(ctx_, fh_, piece.off, piece.len, p + (piece.off - off), done, &piece) !=
           0) {
-        const char* why = nfs_get_error(ctx_);
         error = Status(Code::kResourceExhausted, c_->uri + ": write " + tmp_ +
                                                      ": libnfs could not queue a WRITE (" +
-                                                     (why ? why : "no reason given") + ")");
+                                                     ErrorText(ctx_) + ")");
         break;
       }
       ++batch->pending;
@@ -1314,8 +1319,8 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
   if (o.mount_port) settings += "&mountport=" + std::to_string(o.mount_port);
   struct nfs_url* parsed = nfs_parse_url_dir(ctx, settings.c_str());
   if (!parsed)
-    return fail(Status(Code::kInvalidArgument,
-                       "libnfs refused " + settings + ": " + std::string(nfs_get_error(ctx))));
+    return fail(
+        Status(Code::kInvalidArgument, "libnfs refused " + settings + ": " + ErrorText(ctx)));
   nfs_destroy_url(parsed);
   // libnfs counts timeouts in whole seconds.
   nfs_set_timeout(ctx, static_cast<int>(std::max<int64_t>(1, o.timeout.count() / 1000) * 1000));
@@ -1333,8 +1338,7 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
   if (!export_path->empty()) {
     int rc = nfs_mount(ctx, o.server.c_str(), export_path->c_str());
     if (rc != 0)
-      return fail(Status(Code::kUnavailable,
-                         "cannot mount " + uri + ": " + std::string(nfs_get_error(ctx))));
+      return fail(Status(Code::kUnavailable, "cannot mount " + uri + ": " + ErrorText(ctx)));
     return ctx;
   }
   // Mount the longest prefix of the path that the server exports.
@@ -1344,8 +1348,7 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
     int rc = nfs_mount(ctx, o.server.c_str(), path.c_str());
     if (rc == 0) break;
     if (first_error.empty()) {
-      const char* e = nfs_get_error(ctx);
-      first_error = e ? e : "error " + std::to_string(rc);
+      first_error = ErrorText(ctx);
     }
     if (rc == -ETIMEDOUT || rc == -ECONNREFUSED || path == "/")
       return fail(Status(Code::kUnavailable,

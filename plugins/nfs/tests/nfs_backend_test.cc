@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -25,6 +26,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 // libnfs's own header, for the calls interposed below.
 #include <nfsc/libnfs.h>
@@ -46,8 +48,10 @@ struct Hooks {
   std::function<int(nfs_context*, const char*, const char*)> rename;
   std::function<int(nfs_context*, const char*, nfs_stat_64*)> stat;  // stat64 and lstat64
   std::function<int(nfs_context*, nfsfh*, uint64_t, uint64_t, const void*)> pwrite;
-  // Before the real nfs_pwrite_async (v4 writes go in batches of them).
-  std::function<void(nfs_context*, nfsfh*, uint64_t, uint64_t)> pwrite_async;
+  // Before the real nfs_pwrite_async (v4 writes go in batches of them): the
+  // bytes to send, fewer for a short WRITE, or a negative result for the
+  // call to fail with (the WRITE is then not queued).
+  std::function<int64_t(nfs_context*, nfsfh*, uint64_t, uint64_t)> pwrite_async;
   std::function<int(nfs_context*, nfsfh*, uint64_t, uint64_t, void*)> pread;
   std::function<int(nfs_context*, nfsfh*, nfs4_lock_op, uint64_t)> lockf;
   std::function<int(nfs_context*, const char*, int, int, nfsfh**)> open2;
@@ -173,7 +177,11 @@ int nfs_pwrite(struct nfs_context* n, struct nfsfh* fh, uint64_t off, uint64_t c
 }
 int nfs_pwrite_async(struct nfs_context* n, struct nfsfh* fh, uint64_t off, uint64_t count,
                      const void* buf, nfs_cb cb, void* data) {
-  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::pwrite_async)) h(n, fh, off, count);
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::pwrite_async)) {
+    const int64_t send = h(n, fh, off, count);
+    if (send < 0) return nfs_hooks::Fail(n, static_cast<int>(send), "out of memory (test hook)");
+    count = static_cast<uint64_t>(send);
+  }
   // Counted in flight until libnfs calls back.
   struct Wrapped {
     nfs_cb cb;
@@ -693,10 +701,11 @@ TEST_P(NfsBackendFaults, OtherCallsGoThroughDuringALargeAppend) {
       return nfs_hooks::RealPwrite(n, fh, off, count, buf);
     };
     // (libnfs's nfs_pwrite calls nfs_pwrite_async too: v4 only.)
-    h.pwrite_async = [&](nfs_context*, nfsfh*, uint64_t off, uint64_t) {
+    h.pwrite_async = [&](nfs_context*, nfsfh*, uint64_t off, uint64_t count) {
       // The object starts at 0, so a batch starts at a multiple of its size.
       if (GetParam() == 4 && off % (nfs_limits::kV4MaxWrite * nfs_limits::kV4WritesInFlight) == 0)
         batch();
+      return static_cast<int64_t>(count);
     };
     nfs_hooks::Scope scope(h);
     auto w = backend_->NewObject("big", WriteMode::kReplace);
@@ -731,6 +740,55 @@ TEST_P(NfsBackendFaults, OtherCallsGoThroughDuringALargeAppend) {
     ASSERT_TRUE((*w)->Commit().ok());
   }
   EXPECT_TRUE(ReadLocal(dir_ + "/big") == big);
+}
+
+// NFSv4 batches of WRITEs: one the server answers short (it wrote fewer
+// bytes than sent) has its rest written before the Append returns, so the
+// object holds exactly what was appended, with no hole.
+TEST_P(NfsV4Faults, AShortWriteInABatchHasItsRestWritten) {
+  constexpr uint64_t kWrite = nfs_limits::kV4MaxWrite;
+  const std::string data = RandomBytes(3 * kWrite * nfs_limits::kV4WritesInFlight + 1234, 7);
+  std::atomic<int> shortened{0};
+  {
+    nfs_hooks::Hooks h;
+    h.pwrite_async = [&](nfs_context*, nfsfh*, uint64_t off, uint64_t count) -> int64_t {
+      if (count != kWrite || (off / kWrite) % 5 != 2) return static_cast<int64_t>(count);
+      ++shortened;  // every 5th WRITE of a batch: 1000 bytes short
+      return static_cast<int64_t>(count - 1000);
+    };
+    nfs_hooks::Scope scope(h);
+    ASSERT_TRUE(Put(*backend_, "short", data).ok());
+  }
+  EXPECT_GE(shortened.load(), 30);
+  EXPECT_TRUE(ReadLocal(dir_ + "/short") == data)
+      << "the object differs from what was appended (" << shortened.load() << " short WRITEs)";
+}
+
+// NFSv4 batches: a WRITE libnfs cannot queue (it is out of memory) fails the
+// Append as RESOURCE_EXHAUSTED with libnfs's reason, once the WRITEs already
+// sent are answered (they point into the batch). The temp is removed and
+// the connection stays in use.
+TEST_P(NfsV4Faults, AWriteThatCannotBeQueuedFailsTheAppend) {
+  constexpr uint64_t kWrite = nfs_limits::kV4MaxWrite;
+  const std::string data = RandomBytes(2 << 20, 8);  // past the writer's 1 MiB buffer
+  {
+    nfs_hooks::Hooks h;
+    h.pwrite_async = [&](nfs_context*, nfsfh*, uint64_t off, uint64_t count) -> int64_t {
+      return off == 10 * kWrite ? -ENOMEM : static_cast<int64_t>(count);
+    };
+    nfs_hooks::Scope scope(h);
+    auto w = backend_->NewObject("unqueued", WriteMode::kReplace);
+    ASSERT_TRUE(w.ok()) << w.status();
+    Status s = (*w)->Append(data.data(), data.size());
+    EXPECT_EQ(s.code(), Code::kResourceExhausted) << s;
+    EXPECT_TRUE(Contains(s.message(), "libnfs could not queue a WRITE")) << s;
+    EXPECT_TRUE(Contains(s.message(), "out of memory (test hook)")) << s;
+  }
+  ASSERT_TRUE(Put(*backend_, "after", "x").ok());
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"after"}) << "the failed object's temp was left";
 }
 
 // NFSv3 lease locks: a holder whose lease another client took over (it was
