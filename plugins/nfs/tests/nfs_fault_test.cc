@@ -155,6 +155,39 @@ TEST_P(NfsFault, AServerThatHangsMidSaveFailsTheSaveByOneDeadline) {
             << " ms later (timeout_ms=2000): " << s << "; after SIGCONT the step saved\n";
 }
 
+// A refused reconnect (the server is down or restarting) costs nothing to
+// retry, so unlike a timeout it does not hold off the next try: the first
+// call after the server is back succeeds, well inside timeout_ms.
+TEST_P(NfsFault, ARefusedReconnectIsRetriedAtOnce) {
+  const std::string sub = "refused-v" + std::to_string(version());
+  ::mkdir((Private().export_dir() + "/" + sub).c_str(), 0755);
+  // A deadline far longer than the server takes to restart.
+  auto store = OpenStore(Private().Uri(version(), sub, "timeout_ms=30000&lease_ms=3000"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(Save(**store, 1, 1000).ok());
+  const int pid = Private().Pid();
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const auto killed = Clock::now();
+  while (::kill(pid, 0) == 0 && MsSince(killed) < 5000)
+    std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_FALSE((*store)->ListSteps().ok()) << "a killed server answered";
+  const auto t0 = Clock::now();
+  auto refused = (*store)->ListSteps();  // a reconnect, refused
+  ASSERT_FALSE(refused.ok()) << "a killed server answered";
+  EXPECT_EQ(refused.status().code(), Code::kUnavailable) << refused.status();
+  EXPECT_LT(MsSince(t0), 5000) << "a refused reconnect waited: " << refused.status();
+  ASSERT_TRUE(Private().Start());
+  const auto restarted = Clock::now();
+  auto steps = (*store)->ListSteps();
+  ASSERT_TRUE(steps.ok()) << "the first call after the restart failed: " << steps.status();
+  ASSERT_EQ(steps->size(), 1u);
+  EXPECT_EQ(steps->front().step, 1);
+  if (HasFailure()) return;
+  std::cout << "nfs v" << version() << ": reconnect refused (" << refused.status()
+            << "); after the restart the first call reconnected in " << MsSince(restarted)
+            << " ms (timeout_ms=30000)\n";
+}
+
 TEST_P(NfsFault, AServerKilledMidSaveLeavesAWholeCheckpoint) {
   const std::string sub = "killed-v" + std::to_string(version());
   const std::string uri = Uri(sub);
