@@ -423,9 +423,6 @@ class Connection {
     while (!stop) {
       wake.wait_for(g, period, [&] { return stop; });
       if (stop) break;
-      // A server that just timed out would hold locks_mu (and a lock's
-      // release waiting for it) for another timeout_ms.
-      if (InQuiet()) continue;
       if (options.version == 4) {
         for (auto& [key, h] : held) {
           // Any READ with the open stateid renews the client's lease.

@@ -791,6 +791,31 @@ TEST_P(NfsV4Faults, AWriteThatCannotBeQueuedFailsTheAppend) {
   EXPECT_EQ(names, std::vector<std::string>{"after"}) << "the failed object's temp was left";
 }
 
+// NFSv3 lease locks: a call that times out on the data connection (a slow
+// COMMIT, say) does not stop the lease renewals on their own connection,
+// though no remount is tried for timeout_ms: the lock outlives its lease
+// and another client cannot break it.
+TEST_P(NfsV3Faults, ATimeoutOnTheDataConnectionKeepsTheLeaseRenewed) {
+  auto holder = Backend("lease_ms=1000&timeout_ms=4000");
+  ASSERT_TRUE(holder);
+  auto lock = holder->TryLock("lk");
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  {
+    nfs_hooks::Hooks h;
+    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+      if (!std::strstr(path, "/obj")) return 1;
+      return nfs_hooks::Fail(n, -ETIMEDOUT, "Command timed out");
+    };
+    nfs_hooks::Scope scope(h);
+    auto info = holder->Stat("obj");
+    ASSERT_FALSE(info.ok());
+    EXPECT_TRUE(Contains(info.status().message(), "did not answer within")) << info.status();
+  }
+  std::this_thread::sleep_for(milliseconds(2500));  // 2.5 leases, inside timeout_ms
+  auto taken = backend_->TryLock("lk");
+  EXPECT_FALSE(taken.ok()) << "another client broke the lock while its holder was renewing it";
+}
+
 // NFSv3 lease locks: a holder whose lease another client took over (it was
 // paused past its lease) does not write its record back over the new one.
 TEST_P(NfsV3Faults, ARenewalLeavesANewHoldersLeaseAlone) {
