@@ -1345,7 +1345,8 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
     int rc = nfs_mount(ctx, o.server.c_str(), path.c_str());
     if (rc == 0) break;
     if (first_error.empty()) {
-      first_error = ErrorText(ctx);
+      const char* e = nfs_get_error(ctx);
+      first_error = e ? e : "error " + std::to_string(rc);
     }
     if (rc == -ETIMEDOUT || rc == -ECONNREFUSED || path == "/")
       return fail(Status(Code::kUnavailable,

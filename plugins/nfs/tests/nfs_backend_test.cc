@@ -813,7 +813,8 @@ TEST_P(NfsV3Faults, ATimeoutOnTheDataConnectionKeepsTheLeaseRenewed) {
   }
   std::this_thread::sleep_for(milliseconds(2500));  // 2.5 leases, inside timeout_ms
   auto taken = backend_->TryLock("lk");
-  EXPECT_FALSE(taken.ok()) << "another client broke the lock while its holder was renewing it";
+  ASSERT_FALSE(taken.ok()) << "another client broke the lock while its holder was renewing it";
+  EXPECT_EQ(taken.status().code(), Code::kFailedPrecondition) << taken.status();
 }
 
 // NFSv3 lease locks: a holder whose lease another client took over (it was

@@ -65,8 +65,10 @@ int64_t MsSince(Clock::time_point t) {
 
 class NfsFault : public ::testing::TestWithParam<int> {
  protected:
+  // (Restarts a server that an earlier test killed and failed before it
+  // started it again.)
   void SetUp() override {
-    if (!Private().ok()) {
+    if (!Private().ok() || !Private().Running()) {
       ASSERT_TRUE(Private().Start()) << "cannot start the private NFS server";
     }
   }

@@ -58,6 +58,10 @@ void NfsServer::Stop() {
   Run(std::string(CKPTIO_SOURCE_DIR) + "/tools/nfs-server.sh stop " + dir_ + " >/dev/null");
 }
 
+bool NfsServer::Running() const {
+  return Run(std::string(CKPTIO_SOURCE_DIR) + "/tools/nfs-server.sh status " + dir_) == 0;
+}
+
 int NfsServer::Pid() const {
   std::ifstream f(dir_ + "/ganesha.pid");
   int pid = -1;

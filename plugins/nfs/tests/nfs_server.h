@@ -31,7 +31,8 @@ class NfsServer {
   // Lifecycle of a private server, for fault tests.
   bool Start();
   void Stop();
-  int Pid() const;  // Ganesha's, or -1
+  int Pid() const;       // Ganesha's, or -1
+  bool Running() const;  // Ganesha is up (not killed or exited)
 
  private:
   NfsServer(std::string dir, Ports ports, bool owned);
