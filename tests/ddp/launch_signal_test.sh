@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # ckptio-launch and signals, with real processes: a signal to the launcher
 # reaches everything each rank started (each rank leads a process group),
-# and the ranks do not outlive a launcher that is SIGKILLed.
+# the ranks do not outlive a launcher that is SIGKILLed, ranks that ignore
+# SIGTERM are killed --grace seconds after it (at once on a second one), a
+# signal ignored at startup (nohup) stays ignored, and an ignored SIGCHLD
+# does not hide how the ranks ended.
 set -euo pipefail
 bin=$1
 marker=$((900000 + RANDOM))  # a sleep length no other process uses
@@ -13,7 +16,15 @@ gone_within() {  # gone_within MARKER SECONDS
   for _ in $(seq 1 $(($2 * 10))); do left "$1" || return 0; sleep 0.1; done
   return 1
 }
-cleanup() { pkill -f "sleep $marker" 2>/dev/null || true; pkill -f "sleep $((marker + 1))" 2>/dev/null || true; }
+cleanup() {
+  for m in $(seq "$marker" $((marker + 4))); do pkill -f "sleep $m" 2>/dev/null || true; done
+}
+# started MARKER N: waits until N sleeps of MARKER run.
+started() {
+  for _ in $(seq 1 50); do [ "$(count "$1")" -ge "$2" ] && return 0; sleep 0.1; done
+  echo "FAIL: the ranks' sleeps did not start"
+  exit 1
+}
 trap cleanup EXIT
 
 # 1. SIGTERM to the launcher: each rank is a shell whose own child sleeps.
@@ -43,3 +54,53 @@ if ! gone_within "$m2" 5; then
   exit 1
 fi
 echo "ranks ended with a SIGKILLed launcher"
+
+# 3. Ranks that ignore SIGTERM: killed --grace seconds after a forwarded one,
+#    and at once after a second one.
+m3=$((marker + 2))
+"$bin/ckptio-launch" -n 2 --grace 1 -- sh -c "trap '' TERM; sleep $m3 & wait" 2>/dev/null &
+launcher=$!
+started "$m3" 2
+kill -TERM "$launcher"
+sleep 0.5
+left "$m3" || { echo "FAIL: SIGTERM-ignoring ranks ended before --grace"; exit 1; }
+if ! gone_within "$m3" 5; then
+  echo "FAIL: ranks ignoring SIGTERM outlived --grace 1 by 5 s: $(pgrep -fa "sleep $m3")"
+  exit 1
+fi
+wait "$launcher" || true
+"$bin/ckptio-launch" -n 2 --grace 600 -- sh -c "trap '' TERM; sleep $m3 & wait" 2>/dev/null &
+launcher=$!
+started "$m3" 2
+kill -TERM "$launcher"
+sleep 0.3
+kill -TERM "$launcher"
+if ! gone_within "$m3" 3; then
+  echo "FAIL: a second SIGTERM did not kill the ranks: $(pgrep -fa "sleep $m3")"
+  exit 1
+fi
+wait "$launcher" || true
+echo "ranks ignoring SIGTERM were killed after --grace, and at once on a second SIGTERM"
+
+# 4. nohup: SIGHUP ignored when the launcher starts stays ignored.
+m4=$((marker + 3))
+(trap '' HUP; exec "$bin/ckptio-launch" -n 2 -- sleep "$m4") 2>/dev/null &
+launcher=$!
+started "$m4" 2
+kill -HUP "$launcher"
+sleep 0.5
+[ "$(count "$m4")" -eq 2 ] || { echo "FAIL: SIGHUP ended ranks started under nohup"; exit 1; }
+kill -0 "$launcher" || { echo "FAIL: SIGHUP ended a launcher started under nohup"; exit 1; }
+kill -TERM "$launcher"
+gone_within "$m4" 5 || { echo "FAIL: the ranks outlived SIGTERM"; exit 1; }
+wait "$launcher" || true
+echo "SIGHUP ignored at startup stayed ignored"
+
+# 5. SIGCHLD ignored when the launcher starts: it still sees the ranks end.
+set +e
+timeout 10 perl -e '$SIG{CHLD} = "IGNORE"; exec @ARGV or die' \
+  "$bin/ckptio-launch" -n 2 -- sh -c 'exit 3' 2>/dev/null
+rc=$?
+set -e
+[ "$rc" = 3 ] || { echo "FAIL: with SIGCHLD ignored the launcher exited $rc, not the ranks' 3"; exit 1; }
+echo "SIGCHLD ignored at startup: the ranks' exit status still came through"

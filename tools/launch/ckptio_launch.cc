@@ -7,7 +7,10 @@
 // Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port unless --master-port) and
 // CKPTIO_JOB_ID (fresh per launch). When a rank fails, the others get
-// --grace seconds to finish, then SIGTERM, then SIGKILL.
+// --grace seconds to finish, then SIGTERM, then SIGKILL 5 s later. A
+// forwarded SIGHUP, SIGINT, SIGTERM or SIGQUIT gives them --grace seconds
+// before SIGKILL, and a second one SIGKILLs them at once. A signal ignored
+// when the launcher starts (nohup) stays ignored, by it and by the ranks.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -17,6 +20,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -35,6 +40,9 @@ constexpr int kForwarded[] = {SIGUSR1, SIGUSR2, SIGHUP, SIGINT, SIGTERM, SIGQUIT
 volatile sig_atomic_t g_pending[NSIG] = {};
 
 void OnSignal(int sig) { g_pending[sig] = 1; }
+
+// Whether forwarding `sig` asks the ranks to end (not USR1/USR2).
+bool Ends(int sig) { return sig != SIGUSR1 && sig != SIGUSR2; }
 
 int FreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -76,7 +84,9 @@ int Run(int argc, char** argv) {
   app.add_option("--master-port", master_port, "rendezvous port (default: a free one)")
       ->check(CLI::Range(1, 65535));
   app.add_option("--job-id", job_id, "CKPTIO_JOB_ID for the ranks (default: fresh)");
-  app.add_option("--grace", grace, "seconds the other ranks get after one fails")
+  app.add_option("--grace", grace,
+                 "seconds the ranks get after one fails (then SIGTERM, and SIGKILL 5 s later) "
+                 "or after a forwarded SIGHUP/SIGINT/SIGTERM/SIGQUIT (then SIGKILL)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("command", command, "PROGRAM and its arguments (after --)")->required();
   CLI11_PARSE(app, argc, argv);
@@ -92,9 +102,20 @@ int Run(int argc, char** argv) {
     std::snprintf(buf, sizeof buf, "launch-%08x%08x", rd(), rd());
     job_id = buf;
   }
+  // A signal ignored now (nohup's SIGHUP) stays ignored, here and in the
+  // ranks, which inherit that. SIGCHLD ignored would reap the ranks unseen.
+  bool ignored[NSIG] = {};
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
-  for (int sig : kForwarded) ::sigaction(sig, &sa, nullptr);
+  for (int sig : kForwarded) {
+    struct sigaction old {};
+    ::sigaction(sig, nullptr, &old);
+    ignored[sig] = old.sa_handler == SIG_IGN;
+    if (!ignored[sig]) ::sigaction(sig, &sa, nullptr);
+  }
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGCHLD, &dfl, nullptr);
 
   // Each rank leads a process group of its own, so that a signal reaches
   // everything it started (a shell wrapper's program too) and a terminal's
@@ -135,9 +156,8 @@ int Run(int argc, char** argv) {
       // Gone with the launcher, even if it is SIGKILLed.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != launcher) ::_exit(128 + SIGTERM);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      for (int sig : kForwarded) ::sigaction(sig, &dfl, nullptr);
+      for (int sig : kForwarded)
+        if (!ignored[sig]) ::sigaction(sig, &dfl, nullptr);
       ::sigprocmask(SIG_SETMASK, &before, nullptr);
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
@@ -163,16 +183,34 @@ int Run(int argc, char** argv) {
 
   int first_failure = 0;
   int remaining = n;
-  auto failed_at = std::chrono::steady_clock::time_point::max();
-  bool termed = false;
+  using Clock = std::chrono::steady_clock;
+  const auto grace_time =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+  auto escalate_at = Clock::time_point::max();  // when the next signal goes out
+  bool termed = false;                          // the ranks were asked to end: SIGKILL comes next
   while (remaining > 0) {
     for (int sig : kForwarded) {
       if (!g_pending[sig]) continue;
       g_pending[sig] = 0;  // cleared first: one arriving now is forwarded next time round
+      if (Ends(sig) && termed) {
+        std::cerr << "ckptio-launch: " << ::strsignal(sig) << " again: killing the ranks\n";
+        signal_all(SIGKILL);
+        escalate_at = Clock::time_point::max();
+        continue;
+      }
       signal_all(sig);
+      if (Ends(sig)) {
+        termed = true;
+        escalate_at = std::min(escalate_at, Clock::now() + grace_time);
+      }
     }
     int status = 0;
     pid_t done = ::waitpid(-1, &status, WNOHANG);
+    if (done < 0 && errno == ECHILD) {
+      std::cerr << "ckptio-launch: " << remaining << " rank(s) were reaped unseen; their exit "
+                << "status is lost\n";
+      return first_failure ? first_failure : 1;
+    }
     if (done > 0) {
       for (int rank = 0; rank < n; ++rank) {
         if (pids[rank] != done) continue;
@@ -182,21 +220,22 @@ int Run(int argc, char** argv) {
                       "\n");
         if (ExitCode(status) != 0 && first_failure == 0) {
           first_failure = ExitCode(status);
-          failed_at = std::chrono::steady_clock::now();
+          if (!termed) escalate_at = Clock::now() + grace_time;
         }
       }
       continue;
     }
-    auto now = std::chrono::steady_clock::now();
-    if (first_failure && now - failed_at > std::chrono::duration<double>(grace)) {
-      signal_all(termed ? SIGKILL : SIGTERM);
-      if (!termed)
+    if (Clock::now() >= escalate_at) {
+      if (!termed) {
         std::cerr << "ckptio-launch: a rank failed " << grace << " s ago; stopping the rest\n";
-      termed = true;
-      failed_at = now -
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(grace)) +
-                  std::chrono::seconds(5);
+        signal_all(SIGTERM);
+        termed = true;
+        escalate_at = Clock::now() + std::chrono::seconds(5);
+      } else {
+        std::cerr << "ckptio-launch: " << remaining << " rank(s) still running; killing them\n";
+        signal_all(SIGKILL);
+        escalate_at = Clock::time_point::max();
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
