@@ -957,7 +957,11 @@ Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t
   for (size_t i = committed.size() > size_t(keep_last) ? committed.size() - keep_last : 0;
        i < committed.size(); ++i)
     keep.insert(committed[i]);
+  // The step LATEST names is kept; if LATEST cannot be read (other than
+  // unreadable bytes, DataLoss), which step that is is unknown: stop.
   auto latest = LoadLatest(*backend);
+  if (!latest.ok() && latest.status().code() != Code::kDataLoss)
+    return latest.status().WithContext("gc: reading LATEST (nothing was deleted)");
   if (latest.ok() && latest->has_value()) keep.insert((*latest)->step);
   GcReport report;
   if (just_committed) {
@@ -1008,6 +1012,9 @@ Result<std::unique_ptr<PendingCheckpoint>> StoreWriter::Begin(int64_t step) {
   if (core.pending)
     return Status(Code::kFailedPrecondition,
                   "another checkpoint of this writer is still pending; commit or destroy it first");
+  // Still ours? A writer that took over may be writing this very step:
+  // what is there would be cleared below as our own torn attempt.
+  CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext("beginning step " + std::to_string(step)));
   const std::string dir = StepDirName(step) + "/";
   CKPTIO_ASSIGN_OR_RETURN(auto keys, core.backend->List(dir));
   for (const auto& key : keys) {
@@ -1312,6 +1319,7 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
   for (const auto& p : before.problems) {
     if (p.kind != FsckProblem::Kind::kBadLatest) continue;
     if (before.good_steps.empty()) {
+      CKPTIO_RETURN_IF_ERROR(core.CheckFence());  // (checking took a while)
       Status s = backend.Delete(kLatestKey);
       if (!s.ok() && s.code() != Code::kNotFound) return s;
       repairs.push_back("removed LATEST: no step verifies");

@@ -223,6 +223,31 @@ TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepRemovesLatest) {
   EXPECT_EQ(store_->OpenLatest().status().code(), Code::kNotFound);
 }
 
+// A repair that finds no good step removes LATEST only while the store is
+// still its own: a writer that took over while it verified (and wrote a
+// LATEST of its own) keeps that LATEST.
+TEST_F(RetentionFsckTest, RepairLeavesLatestAloneOnceFenced) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    ASSERT_TRUE(Save(*w, 1).ok());
+  }
+  testing::FlipBit(StepPath(1, "b.bin"), 0, 0);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  const std::string theirs = "LATEST of the writer that took over";
+  bool took_over = false;
+  auto repaired = w->Repair([&](uint64_t) {
+    if (took_over) return;
+    took_over = true;
+    testing::WriteFile(dir_.Sub("store/") + std::string(kWriterKey),
+                       SerializeWriterRecord({w->generation() + 1, "otherhost", 4242, 0}));
+    testing::WriteFile(dir_.Sub("store/") + std::string(kLatestKey), theirs);
+  });
+  ASSERT_TRUE(took_over) << "Repair verified without reporting progress";
+  ASSERT_FALSE(repaired.ok()) << "a fenced repair went on";
+  EXPECT_EQ(repaired.status().code(), Code::kAborted) << repaired.status();
+  EXPECT_EQ(testing::ReadFile(dir_.Sub("store/") + std::string(kLatestKey)), theirs);
+}
+
 TEST_F(RetentionFsckTest, RepairNeverDeletesAStepThatVerifies) {
   // Many rounds of random damage; the set of verifying steps never shrinks.
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));

@@ -28,9 +28,9 @@
 namespace ckptio {
 namespace {
 
-using ::ckptio::testing::RandomBytes;
 using ::ckptio::testing::Child;
 using ::ckptio::testing::Pipe;
+using ::ckptio::testing::RandomBytes;
 using ::ckptio::testing::ReadLine;
 using ::ckptio::testing::TempDir;
 using ::ckptio::testing::WaitForEof;
@@ -43,7 +43,6 @@ constexpr int kChildRefused = 3;
 constexpr int kChildOtherError = 4;
 
 // ---------------------------------------------------------------- plumbing
-
 
 // "OK <generation>" or "ERR <code>: <message>", as children report.
 std::string Report(const Result<std::unique_ptr<StoreWriter>>& w) {
@@ -422,13 +421,20 @@ TEST_F(WriterLockTest, FencedWriterCannotCommit) {
   for (const auto& s : steps)
     EXPECT_FALSE(s.step == 1 && s.state == StepState::kCommitted) << "step 1 is listed";
 
-  // It stays fenced: the next save fails the same way.
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto next, w1->Begin(2));
-  CKPTIO_ASSERT_OK(next->PutObject("a.bin", data.data(), data.size()));
-  auto again = next->Commit();
-  ASSERT_FALSE(again.ok());
-  EXPECT_EQ(again.status().code(), Code::kAborted) << again.status();
-  next.reset();
+  // It stays fenced: the next save fails at Begin, before it clears what
+  // the new writer has put in that step as if it were its own torn attempt.
+  const std::string theirs = StepDirName(2) + "/theirs.bin";
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto obj, other->NewObject(theirs, WriteMode::kReplace));
+    CKPTIO_ASSERT_OK(obj->Append(data.data(), data.size()));
+    CKPTIO_ASSERT_OK(obj->Commit());
+  }
+  auto next = w1->Begin(2);
+  ASSERT_FALSE(next.ok()) << "a fenced writer began step 2";
+  EXPECT_EQ(next.status().code(), Code::kAborted) << next.status();
+  EXPECT_NE(next.status().message().find("fenced"), std::string::npos) << next.status();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto info, other->Stat(theirs));
+  EXPECT_EQ(info.size, data.size()) << "the fenced writer cleared the new writer's object";
   EXPECT_EQ(store->OpenStep(2).status().code(), Code::kNotFound);
 }
 

@@ -299,7 +299,8 @@ class StoreWriter {
   size_t stale_temps_removed() const;
 
   // Starts checkpoint `step` (0..kMaxStep). AlreadyExists if committed;
-  // FailedPrecondition if another checkpoint of this writer is pending.
+  // FailedPrecondition if another checkpoint of this writer is pending;
+  // Aborted if another writer took over the store (the writer fence).
   Result<std::unique_ptr<PendingCheckpoint>> Begin(int64_t step);
 
   // Deletes all but the newest `keep_last` (>= 1) committed steps, never the

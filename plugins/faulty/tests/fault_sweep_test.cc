@@ -274,6 +274,56 @@ std::set<int64_t> VerifiedSteps(Store& store) {
   return out;
 }
 
+// gc when LATEST lags the newest step (its move failed) and reading LATEST
+// fails: gc cannot tell which step LATEST names, so it deletes nothing (it
+// would delete that step). A DataLoss LATEST is another matter: see
+// GcKeepsTheNewestStepThatVerifiesWhenNewerOnesRotted.
+TEST(FaultSweep, GcStopsWhenLatestCannotBeRead) {
+  TempDir dir;
+  auto make = [](const std::string& root) {
+    auto store = OpenStore(root);
+    ASSERT_TRUE(store.ok());
+    for (int64_t step : {1, 2, 3}) ASSERT_TRUE(Save(**store, step).ok());
+    auto latest = (*store)->ReadLatest();
+    ASSERT_TRUE(latest.ok() && latest->has_value());
+    auto r1 = (*store)->OpenStep(1);
+    ASSERT_TRUE(r1.ok());
+    testing::WriteFile(root + "/" + std::string(kLatestKey),
+                       SerializeLatest({1, (*latest)->generation, (*r1)->manifest_hash()}));
+  };
+  auto gc = [](Store& store) -> Status {
+    CKPTIO_ASSIGN_OR_RETURN(auto w, store.OpenWriter({}));
+    return w->CollectGarbage(1).status();
+  };
+  // Which operation of the gc opens LATEST.
+  const std::string counted = dir.Sub("count");
+  make(counted);
+  std::shared_ptr<FaultyBackend> counter;
+  {
+    auto store = FaultyStore(counted, {}, &counter);
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store->OpenWriter({}));
+    const int64_t from = counter->ops();
+    CKPTIO_ASSERT_OK(w->CollectGarbage(1).status());
+    const auto log = counter->log();
+    int64_t at = -1;
+    for (int64_t k = from; k < static_cast<int64_t>(log.size()) && at < 0; ++k)
+      if (log[k] == "open " + std::string(kLatestKey)) at = k;
+    ASSERT_GE(at, 0) << "gc never opened LATEST";
+    const std::string root = dir.Sub("failed");
+    make(root);
+    std::shared_ptr<FaultyBackend> faulty;
+    FaultPlan plan;
+    plan.fail_at = at;
+    auto failing = FaultyStore(root, plan, &faulty);
+    Status s = gc(*failing);
+    EXPECT_FALSE(s.ok()) << "gc went on without knowing which step LATEST names";
+    EXPECT_NE(s.message().find("nothing was deleted"), std::string::npos) << s;
+    auto after = OpenStore(root);
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(VerifiedSteps(**after), (std::set<int64_t>{1, 2, 3}));
+  }
+}
+
 // gc and repair scenarios, shared by the crash and power-loss sweeps.
 void ThreeSteps(const std::string& root) {
   auto store = OpenStore(root);
