@@ -1,5 +1,6 @@
 #include "ckptio/rank.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 
@@ -7,12 +8,18 @@ namespace ckptio {
 
 namespace {
 
-// Parses a non-negative int; nullopt-like -1 for "absent", -2 for malformed.
+constexpr long kMaxCount = 1 << 24;  // ranks in a job, at most
+
+// Parses a count written in decimal digits only (no sign, no spaces): -1
+// for "absent", -2 for malformed, -3 for over kMaxCount.
 int ParseCount(const char* text) {
   if (text == nullptr) return -1;
+  if (*text < '0' || *text > '9') return -2;
   char* end = nullptr;
+  errno = 0;
   long v = std::strtol(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || v < 0 || v > (1 << 24)) return -2;
+  if (*end != '\0') return -2;
+  if (errno == ERANGE || v > kMaxCount) return -3;
   return static_cast<int>(v);
 }
 
@@ -76,7 +83,10 @@ Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>
       return Status(Code::kInvalidArgument, std::string(sc.source) +
                                                 " environment is incomplete: need " + sc.rank +
                                                 ", " + sc.local_rank + " and " + sc.world_size +
-                                                " (found " + std::to_string(present) + " of them)");
+                                                " (found " + std::to_string(present) +
+                                                " of them); set the others, or unset these if "
+                                                "another launcher's variables or an explicit "
+                                                "RankInfo should decide");
     RankInfo r;
     r.source = sc.source;
     int values[4] = {ParseCount(get(sc.rank)), ParseCount(get(sc.local_rank)),
@@ -84,12 +94,16 @@ Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>
     const char* all[] = {sc.rank, sc.local_rank, sc.world_size, sc.local_world_size};
     // Slurm's SLURM_NTASKS_PER_NODE can read "4(x2)", or be the allocation's,
     // inherited by a smaller srun step: then it is unknown.
-    if (std::string(sc.source) == "slurm" && (values[3] == -2 || values[3] > values[2]))
+    if (std::string(sc.source) == "slurm" && (values[3] < -1 || values[3] > values[2]))
       values[3] = -1;
     for (int i = 0; i < 4; ++i) {
       if (values[i] == -2)
         return Status(Code::kInvalidArgument, std::string(all[i]) + "=\"" + get(all[i]) +
-                                                  "\" is not a non-negative integer");
+                                                  "\" is not a non-negative integer (digits only)");
+      if (values[i] == -3)
+        return Status(Code::kInvalidArgument, std::string(all[i]) + "=\"" + get(all[i]) +
+                                                  "\" is over ckptio's limit of " +
+                                                  std::to_string(kMaxCount) + " ranks");
     }
     r.rank = values[0];
     r.local_rank = values[1];

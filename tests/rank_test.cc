@@ -272,7 +272,12 @@ TEST(RankFromEnvTest, NonNumbersAreRejected) {
   ExpectInvalid(Torchrun("0", "0", "2.5", "2"), {"WORLD_SIZE", "2.5"});
   ExpectInvalid(Torchrun("0", "zero", "2", "2"), {"LOCAL_RANK", "zero"});
   ExpectInvalid(Torchrun("0", "0", "2", "two"), {"LOCAL_WORLD_SIZE", "two"});
-  ExpectInvalid(Torchrun("0", "0", "99999999999999999999999", "1"), {"WORLD_SIZE"});
+  ExpectInvalid(Torchrun("0", "0", "99999999999999999999999", "1"), {"WORLD_SIZE", "limit"});
+  ExpectInvalid(Torchrun("0", "0", "20000000", "1"), {"WORLD_SIZE", "limit of 16777216"});
+  // Digits only: no sign, no spaces (strtol would take all three).
+  ExpectInvalid(Torchrun(" 1", "0", "2", "2"), {"RANK", "digits only"});
+  ExpectInvalid(Torchrun("+1", "0", "2", "2"), {"RANK", "digits only"});
+  ExpectInvalid(Torchrun("0", "-0", "2", "2"), {"LOCAL_RANK", "digits only"});
   ExpectInvalid(Slurm("x", "0", "2", "2"), {"SLURM_PROCID", "x"});
   ExpectInvalid(Slurm("0", "0", "many", "2"), {"SLURM_NTASKS", "many"});
   ExpectInvalid(OpenMpi("0", "0", "2", "?"), {"OMPI_COMM_WORLD_LOCAL_SIZE"});

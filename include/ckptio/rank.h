@@ -33,8 +33,9 @@ struct RankInfo {
   // OMPI_COMM_WORLD_LOCAL_SIZE (mpirun inside a Slurm allocation), or
   // Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS
   // (SLURM_NTASKS_PER_NODE). No variables at all: a single process
-  // (rank 0 of 1). A partial set, a non-number, or values that contradict
-  // each other: InvalidArgument naming the variables.
+  // (rank 0 of 1). A partial set, anything but decimal digits (no sign or
+  // spaces), a count over 2^24, or values that contradict each other:
+  // InvalidArgument naming the variables.
   static Result<RankInfo> FromEnv();
   // The same, reading variables through `get` (for tests).
   static Result<RankInfo> FromEnv(const std::function<const char*(const char*)>& get);
