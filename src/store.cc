@@ -1026,7 +1026,9 @@ Result<std::unique_ptr<PendingCheckpoint>> StoreWriter::Begin(int64_t step) {
   }
   // Leftovers of a torn attempt at this step (we hold the lock: no one
   // else is writing them).
-  for (const auto& key : keys) CKPTIO_RETURN_IF_ERROR(core.backend->Delete(key));
+  for (const auto& key : keys)
+    CKPTIO_RETURN_IF_ERROR(core.backend->Delete(key).WithContext(
+        "clearing a torn attempt at step " + std::to_string(step) + " before saving it again"));
   auto st = std::make_unique<PendingCheckpoint::State>();
   st->core = state_->core;
   st->step = step;
@@ -1321,7 +1323,8 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
     if (before.good_steps.empty()) {
       CKPTIO_RETURN_IF_ERROR(core.CheckFence());  // (checking took a while)
       Status s = backend.Delete(kLatestKey);
-      if (!s.ok() && s.code() != Code::kNotFound) return s;
+      if (!s.ok() && s.code() != Code::kNotFound)
+        return s.WithContext("repair: removing LATEST (no step verifies)");
       repairs.push_back("removed LATEST: no step verifies");
     } else {
       int64_t newest = before.good_steps.back();
@@ -1339,16 +1342,21 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
     if (p.kind != FsckProblem::Kind::kBadLatest) CKPTIO_RETURN_IF_ERROR(core.CheckFence());
     switch (p.kind) {
       case FsckProblem::Kind::kCorruptStep:
-        CKPTIO_RETURN_IF_ERROR(DeleteStep(backend, p.step));
+        CKPTIO_RETURN_IF_ERROR(
+            DeleteStep(backend, p.step)
+                .WithContext("repair: deleting corrupt step " + std::to_string(p.step)));
         repairs.push_back("deleted corrupt step " + std::to_string(p.step));
         break;
       case FsckProblem::Kind::kTornStep:
-        CKPTIO_RETURN_IF_ERROR(DeleteStep(backend, p.step));
+        CKPTIO_RETURN_IF_ERROR(
+            DeleteStep(backend, p.step)
+                .WithContext("repair: deleting torn step " + std::to_string(p.step)));
         repairs.push_back("deleted torn step " + std::to_string(p.step));
         break;
       case FsckProblem::Kind::kStaleTemp: {
         Status s = backend.Delete(p.detail);
-        if (!s.ok() && s.code() != Code::kNotFound) return s;
+        if (!s.ok() && s.code() != Code::kNotFound)
+          return s.WithContext("repair: deleting stale temp " + p.detail);
         repairs.push_back("deleted stale temp " + p.detail);
         break;
       }
