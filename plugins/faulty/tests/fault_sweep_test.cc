@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <functional>
 #include <map>
@@ -43,7 +44,8 @@ Status Save(Store& store, int64_t step, WriterOptions o = {}) {
   for (const auto& [name, bytes] : Objects(step))
     CKPTIO_RETURN_IF_ERROR(p->PutObject(name, bytes.data(), bytes.size()));
   CKPTIO_RETURN_IF_ERROR(p->SetMetadata("step", std::to_string(step)));
-  return p->Commit().status();
+  CKPTIO_ASSIGN_OR_RETURN(auto info, p->Commit());
+  return info.retention;  // (the step stands; with keep_last, whether retention failed)
 }
 
 // Save, striped: rank 1 writes the two largest objects (committed durably,
@@ -324,7 +326,13 @@ TEST(FaultSweep, GcStopsWhenLatestCannotBeRead) {
   }
 }
 
-// gc and repair scenarios, shared by the crash and power-loss sweeps.
+// gc, repair and retention scenarios, shared by the crash and power-loss
+// sweeps.
+void TwoSteps(const std::string& root) {
+  auto store = OpenStore(root);
+  for (int64_t s : {1, 2}) EXPECT_TRUE(Save(**store, s).ok());
+}
+
 void ThreeSteps(const std::string& root) {
   auto store = OpenStore(root);
   for (int64_t s : {1, 2, 3}) EXPECT_TRUE(Save(**store, s).ok());
@@ -347,6 +355,38 @@ void CheckAfterGc(const std::string& root, const std::string& what) {
   EXPECT_TRUE(good.count(3)) << "gc must never delete the newest step";
   auto latest = (*store)->OpenLatest();
   EXPECT_TRUE(latest.ok() && (*latest)->step() == 3) << latest.status();
+  auto w = (*store)->OpenWriter({});
+  auto repaired = (*w)->Repair();
+  EXPECT_TRUE(repaired.ok() && repaired->clean());
+  EXPECT_EQ(std::set<int64_t>(repaired->good_steps.begin(), repaired->good_steps.end()), good);
+}
+
+// A save of step 3 whose retention (keep_last 1) retires steps 1 and 2.
+Status SaveKeepingOne(Store& s) {
+  WriterOptions o;
+  o.keep_last = 1;
+  return Save(s, 3, o);
+}
+
+// Invariant 4 through the retention inside a save: step 3, or if its
+// commit did not happen step 2, survives and verifies; LATEST names a step
+// that verifies; nothing is half-deleted but torn (manifest first).
+void CheckAfterSaveKeepingOne(const std::string& root, const std::string& what) {
+  SCOPED_TRACE(what);
+  auto store = OpenStore(root);
+  auto steps = (*store)->ListSteps();
+  ASSERT_TRUE(steps.ok());
+  for (const auto& s : *steps)
+    EXPECT_NE(s.state, StepState::kCorrupt)
+        << "retention left a half-deleted committed step " << s.step << ": " << s.problem;
+  auto good = VerifiedSteps(**store);
+  const bool committed3 = std::any_of(steps->begin(), steps->end(), [](const StepEntry& s) {
+    return s.step == 3 && s.state == StepState::kCommitted;
+  });
+  EXPECT_TRUE(good.count(committed3 ? 3 : 2)) << "the newest checkpoint was lost";
+  auto latest = (*store)->OpenLatest();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_TRUE(good.count((*latest)->step())) << "LATEST names step " << (*latest)->step();
   auto w = (*store)->OpenWriter({});
   auto repaired = (*w)->Repair();
   EXPECT_TRUE(repaired.ok() && repaired->clean());
@@ -388,12 +428,17 @@ TEST(FaultSweep, CrashAtEveryOperationOfGcAndRepair) {
   TempDir dir;
   int64_t gc_ops = CrashSweep(dir, "gc", ThreeSteps, Gc, CheckAfterGc);
   int64_t repair_ops = CrashSweep(dir, "repair", Damaged, Repair, CheckAfterRepair);
-  std::cout
-      << "gc sweep: crash at each of " << gc_ops
-      << " operations of gc --keep 1: the newest step always verified and LATEST named it; "
-         "repair sweep: crash at each of "
-      << repair_ops
-      << " operations of fsck --repair: both good steps survived, a second repair was clean\n";
+  int64_t retain_ops =
+      CrashSweep(dir, "retain", TwoSteps, SaveKeepingOne, CheckAfterSaveKeepingOne);
+  std::cout << "gc sweep: crash at each of " << gc_ops
+            << " operations of gc --keep 1: the newest step always verified and LATEST named it; "
+               "repair sweep: crash at each of "
+            << repair_ops
+            << " operations of fsck --repair: both good steps survived, a second repair was clean; "
+               "retention sweep: crash at each of "
+            << retain_ops
+            << " operations of a save with keep_last 1: the newest committed step verified and "
+               "LATEST named a good step\n";
 }
 
 // The power-loss model itself, call by call.
