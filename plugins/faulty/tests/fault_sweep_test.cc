@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/faulty_backend.h"
@@ -343,22 +344,36 @@ Status Gc(Store& s) {
   return w->CollectGarbage(1).status();
 }
 
+// Steps are deleted manifest first: a deletion cut short leaves a torn step,
+// never a committed one with objects missing (corrupt).
+void ExpectNothingHalfDeleted(const std::vector<StepEntry>& steps, const std::string& who) {
+  for (const auto& s : steps)
+    EXPECT_NE(s.state, StepState::kCorrupt)
+        << who << " left a half-deleted committed step " << s.step << ": " << s.problem;
+}
+
+// A repair after the cut leaves a clean store with the same good steps.
+void ExpectRepairKeeps(Store& store, const std::set<int64_t>& good) {
+  auto w = store.OpenWriter({});
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto repaired = (*w)->Repair();
+  EXPECT_TRUE(repaired.ok() && repaired->clean());
+  if (repaired.ok()) {
+    EXPECT_EQ(std::set<int64_t>(repaired->good_steps.begin(), repaired->good_steps.end()), good);
+  }
+}
+
 void CheckAfterGc(const std::string& root, const std::string& what) {
   SCOPED_TRACE(what);
   auto store = OpenStore(root);
   auto steps = (*store)->ListSteps();
   ASSERT_TRUE(steps.ok());
-  for (const auto& s : *steps)
-    EXPECT_NE(s.state, StepState::kCorrupt)
-        << "gc left a half-deleted committed step " << s.step << ": " << s.problem;
+  ExpectNothingHalfDeleted(*steps, "gc");
   auto good = VerifiedSteps(**store);
   EXPECT_TRUE(good.count(3)) << "gc must never delete the newest step";
   auto latest = (*store)->OpenLatest();
   EXPECT_TRUE(latest.ok() && (*latest)->step() == 3) << latest.status();
-  auto w = (*store)->OpenWriter({});
-  auto repaired = (*w)->Repair();
-  EXPECT_TRUE(repaired.ok() && repaired->clean());
-  EXPECT_EQ(std::set<int64_t>(repaired->good_steps.begin(), repaired->good_steps.end()), good);
+  ExpectRepairKeeps(**store, good);
 }
 
 // A save of step 3 whose retention (keep_last 1) retires steps 1 and 2.
@@ -376,9 +391,7 @@ void CheckAfterSaveKeepingOne(const std::string& root, const std::string& what) 
   auto store = OpenStore(root);
   auto steps = (*store)->ListSteps();
   ASSERT_TRUE(steps.ok());
-  for (const auto& s : *steps)
-    EXPECT_NE(s.state, StepState::kCorrupt)
-        << "retention left a half-deleted committed step " << s.step << ": " << s.problem;
+  ExpectNothingHalfDeleted(*steps, "retention");
   auto good = VerifiedSteps(**store);
   const bool committed3 = std::any_of(steps->begin(), steps->end(), [](const StepEntry& s) {
     return s.step == 3 && s.state == StepState::kCommitted;
@@ -387,10 +400,7 @@ void CheckAfterSaveKeepingOne(const std::string& root, const std::string& what) 
   auto latest = (*store)->OpenLatest();
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_TRUE(good.count((*latest)->step())) << "LATEST names step " << (*latest)->step();
-  auto w = (*store)->OpenWriter({});
-  auto repaired = (*w)->Repair();
-  EXPECT_TRUE(repaired.ok() && repaired->clean());
-  EXPECT_EQ(std::set<int64_t>(repaired->good_steps.begin(), repaired->good_steps.end()), good);
+  ExpectRepairKeeps(**store, good);
 }
 
 // A damaged store: the newest step (named by LATEST) corrupt, a torn step,
