@@ -345,11 +345,18 @@ Status Gc(Store& s) {
 }
 
 // Steps are deleted manifest first: a deletion cut short leaves a torn step,
-// never a committed one with objects missing (corrupt).
-void ExpectNothingHalfDeleted(const std::vector<StepEntry>& steps, const std::string& who) {
-  for (const auto& s : steps)
+// never one with a manifest and objects missing. These scenarios start with
+// good steps only, so every step that has a manifest must still verify.
+void ExpectNothingHalfDeleted(Store& store, const std::vector<StepEntry>& steps,
+                              const std::string& who) {
+  for (const auto& s : steps) {
     EXPECT_NE(s.state, StepState::kCorrupt)
         << who << " left a half-deleted committed step " << s.step << ": " << s.problem;
+    if (s.state != StepState::kCommitted) continue;
+    auto r = store.OpenStep(s.step);
+    Status v = r.ok() ? (*r)->Verify() : r.status();
+    EXPECT_TRUE(v.ok()) << who << " left a half-deleted committed step " << s.step << ": " << v;
+  }
 }
 
 // A repair after the cut leaves a clean store with the same good steps.
@@ -368,7 +375,7 @@ void CheckAfterGc(const std::string& root, const std::string& what) {
   auto store = OpenStore(root);
   auto steps = (*store)->ListSteps();
   ASSERT_TRUE(steps.ok());
-  ExpectNothingHalfDeleted(*steps, "gc");
+  ExpectNothingHalfDeleted(**store, *steps, "gc");
   auto good = VerifiedSteps(**store);
   EXPECT_TRUE(good.count(3)) << "gc must never delete the newest step";
   auto latest = (*store)->OpenLatest();
@@ -391,7 +398,7 @@ void CheckAfterSaveKeepingOne(const std::string& root, const std::string& what) 
   auto store = OpenStore(root);
   auto steps = (*store)->ListSteps();
   ASSERT_TRUE(steps.ok());
-  ExpectNothingHalfDeleted(*steps, "retention");
+  ExpectNothingHalfDeleted(**store, *steps, "retention");
   auto good = VerifiedSteps(**store);
   const bool committed3 = std::any_of(steps->begin(), steps->end(), [](const StepEntry& s) {
     return s.step == 3 && s.state == StepState::kCommitted;
@@ -666,11 +673,25 @@ TEST(FaultSweep, PowerLossAtEverySystemCallOfGcAndRepair) {
   PowerLossTally gc = PowerLossSweep(dir, "gc", ThreeSteps, Gc, ignore_ok(CheckAfterGc));
   PowerLossTally repair =
       PowerLossSweep(dir, "repair", Damaged, Repair, ignore_ok(CheckAfterRepair));
+  PowerLossTally retain = PowerLossSweep(
+      dir, "retain", TwoSteps, SaveKeepingOne,
+      [](const std::string& root, const std::string& what, bool saved) {
+        CheckAfterSaveKeepingOne(root, what);
+        if (saved) {
+          auto store = OpenStore(root);
+          EXPECT_TRUE(VerifiedSteps(**store).count(3)) << what
+                                                       << ": a save that returned OK "
+                                                          "was lost";
+        }
+      });
   if (HasFailure()) return;
   std::cout << "power-loss sweep (gc --keep 1): " << gc.Summary()
             << "; the newest step always verified and LATEST named it\n"
             << "power-loss sweep (fsck --repair): " << repair.Summary()
-            << "; both good steps survived, a second repair was clean\n";
+            << "; both good steps survived, a second repair was clean\n"
+            << "power-loss sweep (save with keep_last 1): " << retain.Summary()
+            << "; the newest committed step verified, LATEST named a good step, every save "
+               "that returned OK survived\n";
 }
 
 // Real processes: a child saving step 2 is SIGKILLed at each named sync
