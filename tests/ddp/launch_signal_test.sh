@@ -104,3 +104,34 @@ rc=$?
 set -e
 [ "$rc" = 3 ] || { echo "FAIL: with SIGCHLD ignored the launcher exited $rc, not the ranks' 3"; exit 1; }
 echo "SIGCHLD ignored at startup: the ranks' exit status still came through"
+
+# 6. On a terminal (script(1) gives the launcher one), the ranks are not in
+#    its foreground process group: reading stdin must give them end-of-file,
+#    not stop them (SIGTTIN) and stall the job; a rank stopped for using the
+#    terminal anyway (SIGTTOU: changing its settings) fails the job at once.
+on_terminal() {  # on_terminal LOG COMMAND: runs COMMAND on a pseudo-terminal
+  timeout 20 script -qec "$2" /dev/null </dev/null >"$1" 2>&1
+}
+log=$(mktemp)
+trap 'cleanup; rm -f "$log"' EXIT
+set +e
+on_terminal "$log" "$bin/ckptio-launch -n 2 -- sh -c 'if read x; then exit 3; fi; echo ate-eof'"
+rc=$?
+set -e
+if [ "$rc" != 0 ] || [ "$(grep -c ate-eof "$log")" != 2 ]; then
+  echo "FAIL: ranks reading a terminal stdin did not get end-of-file (rc $rc; 124: stalled):"
+  cat "$log"
+  exit 1
+fi
+echo "ranks reading stdin on a terminal got end-of-file"
+set +e
+on_terminal "$log" "$bin/ckptio-launch -n 2 --grace 600 -- sh -c 'stty -echo </dev/tty; sleep 600'"
+rc=$?
+set -e
+if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "stopped by signal $(kill -l TTOU)" "$log" ||
+  ! grep -q "cannot go on; stopping the rest" "$log"; then
+  echo "FAIL: a rank stopped by SIGTTOU did not end the job at once with a reason (rc $rc; 124: stalled):"
+  cat "$log"
+  exit 1
+fi
+echo "a rank stopped by SIGTTOU ended the job at once: $(grep -m1 'stopped by' "$log" | tr -d '\r')"

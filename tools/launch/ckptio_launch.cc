@@ -11,7 +11,11 @@
 // forwarded SIGHUP, SIGINT, SIGTERM or SIGQUIT gives them --grace seconds
 // before SIGKILL, and a second one SIGKILLs them at once. A signal ignored
 // when the launcher starts (nohup) stays ignored, by it and by the ranks.
+// Ranks are not in the terminal's foreground: when stdin is a terminal they
+// read end-of-file instead, and one stopped for using the terminal anyway
+// (SIGTTIN, SIGTTOU) fails the job instead of stalling it.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -26,6 +30,7 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,9 +127,16 @@ int Run(int argc, char** argv) {
   // Ctrl-C reaches it once, through the launcher.
   std::vector<pid_t> pids(n, -1);
   auto signal_all = [&](int sig) {
-    for (pid_t p : pids)
-      if (p > 0) ::kill(-p, sig);
+    for (pid_t p : pids) {
+      if (p <= 0) continue;
+      ::kill(-p, sig);
+      // A stopped rank acts on the signal only once continued.
+      if (Ends(sig) && sig != SIGKILL) ::kill(-p, SIGCONT);
+    }
   };
+  // A rank reading the terminal would stop (SIGTTIN) and stall the job: as
+  // a shell does for background jobs, it reads /dev/null instead.
+  const bool stdin_is_terminal = ::isatty(STDIN_FILENO) == 1;
   const pid_t launcher = ::getpid();
   sigset_t forwarded, before;
   ::sigemptyset(&forwarded);
@@ -159,6 +171,11 @@ int Run(int argc, char** argv) {
       for (int sig : kForwarded)
         if (!ignored[sig]) ::sigaction(sig, &dfl, nullptr);
       ::sigprocmask(SIG_SETMASK, &before, nullptr);
+      if (stdin_is_terminal) {
+        const int null = ::open("/dev/null", O_RDONLY);
+        if (null < 0 || ::dup2(null, STDIN_FILENO) < 0) ::_exit(127);
+        if (null != STDIN_FILENO) ::close(null);
+      }
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -188,6 +205,7 @@ int Run(int argc, char** argv) {
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
   auto escalate_at = Clock::time_point::max();  // when the next signal goes out
   bool termed = false;                          // the ranks were asked to end: SIGKILL comes next
+  std::string stop_why;                         // why escalate_at was set, before `termed`
   while (remaining > 0) {
     for (int sig : kForwarded) {
       if (!g_pending[sig]) continue;
@@ -205,11 +223,35 @@ int Run(int argc, char** argv) {
       }
     }
     int status = 0;
-    pid_t done = ::waitpid(-1, &status, WNOHANG);
+    pid_t done = ::waitpid(-1, &status, WNOHANG | WUNTRACED);
     if (done < 0 && errno == ECHILD) {
       std::cerr << "ckptio-launch: " << remaining << " rank(s) were reaped unseen; their exit "
                 << "status is lost\n";
       return first_failure ? first_failure : 1;
+    }
+    if (done > 0 && WIFSTOPPED(status)) {
+      const int sig = WSTOPSIG(status);
+      const auto rank = std::find(pids.begin(), pids.end(), done) - pids.begin();
+      std::cerr << "ckptio-launch: rank " << rank << " stopped by signal " << sig << " ("
+                << ::strsignal(sig) << ")";
+      if (sig == SIGTTIN || sig == SIGTTOU) {
+        // It would wait for the terminal forever, and the others for it.
+        std::cerr << (sig == SIGTTIN
+                          ? ": it read from the terminal (/dev/tty), which ranks cannot; give "
+                            "it input from a file instead"
+                          : ": it changed the terminal's settings, or wrote to it under `stty "
+                            "tostop`, which ranks cannot; run `stty -tostop` or send the "
+                            "ranks' output to a file")
+                  << " (each rank has a process group of its own, not the terminal's)\n";
+        if (first_failure == 0) first_failure = 128 + sig;
+        if (!termed && escalate_at > Clock::now()) {  // the first such stop says why
+          escalate_at = Clock::now();
+          stop_why = "rank " + std::to_string(rank) + " cannot go on";
+        }
+      } else {
+        std::cerr << "; it goes on when sent SIGCONT\n";
+      }
+      continue;
     }
     if (done > 0) {
       for (int rank = 0; rank < n; ++rank) {
@@ -220,14 +262,19 @@ int Run(int argc, char** argv) {
                       "\n");
         if (ExitCode(status) != 0 && first_failure == 0) {
           first_failure = ExitCode(status);
-          if (!termed) escalate_at = Clock::now() + grace_time;
+          if (!termed) {
+            escalate_at = Clock::now() + grace_time;
+            std::ostringstream why;
+            why << "a rank failed " << grace << " s ago";
+            stop_why = why.str();
+          }
         }
       }
       continue;
     }
     if (Clock::now() >= escalate_at) {
       if (!termed) {
-        std::cerr << "ckptio-launch: a rank failed " << grace << " s ago; stopping the rest\n";
+        std::cerr << "ckptio-launch: " << stop_why << "; stopping the rest\n";
         signal_all(SIGTERM);
         termed = true;
         escalate_at = Clock::now() + std::chrono::seconds(5);
