@@ -1087,9 +1087,21 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
     std::cerr << "ckptio: WARNING: " << rank_.ToString() << ": step " << step
               << " failed verification and is skipped; loading step " << r.step << " instead ("
               << why << ")\n";
-  if (!opened) {  // not rank 0: open the step rank 0 chose
+  // Not rank 0 (which holds the step open): the step rank 0 chose and
+  // verified can be gone before this rank reads it, and this rank may not
+  // pick another.
+  auto gone = [&]() {
+    return Status(Code::kNotFound,
+                  what + ": step " + std::to_string(r.step) + " of " + store_->uri() +
+                      ", which rank 0 chose and verified, was removed before this rank read "
+                      "it: rank 0 went on to a save whose retention (keep_last) or a gc "
+                      "retired it. Have a collective (a barrier, or a training step) between "
+                      "the load and the next save on every rank, or raise keep_last");
+  };
+  if (!opened) {
     auto reader = store_->OpenStep(r.step);
-    if (!reader.ok()) return reader.status().WithContext(what);
+    if (!reader.ok())
+      return reader.status().code() == Code::kNotFound ? gone() : reader.status().WithContext(what);
     opened = std::make_unique<OpenedStep>();
     opened->reader = std::move(*reader);
   }
@@ -1098,6 +1110,9 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
     CKPTIO_ASSIGN_OR_RETURN(staged, Stage(*opened, state, options.map_location, rank_));
     return OkStatus();
   });
+  if (!s.ok() && s.code() == Code::kNotFound && rank_.rank != 0 &&
+      store_->OpenStep(r.step).status().code() == Code::kNotFound)
+    return gone();
   if (!s.ok()) return s.WithContext(what + " of step " + std::to_string(r.step));
   CKPTIO_RETURN_IF_ERROR(Apply(staged, state, options.map_location, rank_)
                              .WithContext(what + " of step " + std::to_string(r.step)));

@@ -802,6 +802,81 @@ TEST(TorchStateTest, AnEmptyStoreLoadsNothing) {
   EXPECT_FALSE(got->has_value());
 }
 
+// Deletes step `retire` (manifest first, as retention does) when its first
+// object other than the manifest is opened: retired between the read of its
+// manifest and of its tensors.
+class RetiresOnOpen : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    const std::string dir = "step-00000000000" + std::to_string(retire) + "/";
+    if (retire >= 0 && key.rfind(dir, 0) == 0 && key != dir + "MANIFEST.json") {
+      retire = -1;
+      EXPECT_TRUE(Delete(dir + "MANIFEST.json").ok());
+      auto keys = List(dir);
+      for (const auto& k : keys.ok() ? *keys : std::vector<std::string>{}) (void)Delete(k);
+    }
+    return ForwardingBackend::OpenObject(key);
+  }
+  int retire = -1;
+};
+
+// Rank 0 decides which step to load, then saves again with keep_last 1
+// before rank 1 has read that step (no collective between rank 0's load and
+// its next save): rank 1 cannot load what rank 0 chose, and must say why
+// and what to change, not "open LATEST again" (a rank may not pick another
+// step). Once before rank 1 opens the step, once while it reads it.
+TEST(TorchStateTest, ARankWhoseChosenStepWasRetiredSaysWhy) {
+  TempDir dir;
+  auto rank = [](int r) {
+    RankInfo info;
+    info.source = "test";
+    info.rank = r;
+    info.world_size = 2;
+    info.local_rank = r;
+    info.local_world_size = 2;
+    info.job_id = "retired-step-test";
+    return info;
+  };
+  CheckpointerOptions o;
+  o.keep_last = 1;
+  o.timeout = std::chrono::seconds(5);
+  auto ck0 = Checkpointer::Open(dir.Sub("store"), rank(0), o);
+  auto posix = NewPosixBackend(dir.Sub("store"));
+  ASSERT_TRUE(posix.ok());
+  auto retiring =
+      std::make_shared<RetiresOnOpen>(std::shared_ptr<StorageBackend>(std::move(*posix)));
+  o.backend = retiring;
+  auto ck1 = Checkpointer::Open(dir.Sub("store"), rank(1), o);
+  ASSERT_TRUE(ck0.ok() && ck1.ok());
+  torch::Tensor t = torch::full({16}, 1.0f);
+  State s{{"t", t}};
+  for (int64_t step : {1, 2}) {
+    CKPTIO_ASSERT_OK((*ck0)->Save(step, s));
+    CKPTIO_ASSERT_OK((*ck1)->Save(step, s));
+  }
+  for (int64_t step : {2, 3}) {
+    SCOPED_TRACE(step == 2 ? "retired before rank 1 opened it" : "retired while rank 1 read it");
+    auto got0 = (*ck0)->Load(s);
+    ASSERT_TRUE(got0.ok() && got0->has_value()) << got0.status();
+    ASSERT_EQ((*got0)->step, step);
+    if (step == 2) {
+      CKPTIO_ASSERT_OK((*ck0)->Save(3, s));  // retires step 2
+    } else {
+      retiring->retire = 3;
+    }
+    auto got1 = (*ck1)->Load(s);
+    ASSERT_FALSE(got1.ok()) << "rank 1 loaded a step that no longer exists";
+    const std::string& m = got1.status().message();
+    EXPECT_EQ(got1.status().code(), Code::kNotFound) << got1.status();
+    EXPECT_NE(m.find("step " + std::to_string(step) + " of"), std::string::npos) << m;
+    EXPECT_NE(m.find("keep_last"), std::string::npos) << m;
+    EXPECT_NE(m.find("collective"), std::string::npos) << m;
+    EXPECT_EQ(m.find("open LATEST again"), std::string::npos) << m;
+    EXPECT_EQ(retiring->retire, -1) << "the test's deletion never ran";
+  }
+}
+
 TEST(TorchStateTest, OneLineSaveAndLoadMirrorTorch) {
   TempDir dir;
   const std::string uri = "file://" + dir.Sub("m");
