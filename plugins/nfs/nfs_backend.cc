@@ -371,12 +371,15 @@ class Connection {
     struct nfs_context* ctx = nullptr;  // v4: the lock's own connection
     struct nfsfh* fh = nullptr;         // v4: the open file the lock is on
     std::string path;
+    uint64_t serial = 0;           // tells a lock from a later one of the same key
     std::string record;            // v3: our lease record, as the lease file holds it
     std::string pending;           // v3: a renewal whose WRITE failed (it may have landed)
+    std::string in_flight;         // v3: the record a renewal is writing now
     bool lost = false;             // v3: the lease file no longer holds our record
     int64_t missing_since_ms = 0;  // v3: when a renewal first found no lease file
     bool Ours(const std::string& seen) const {
-      return seen == record || (!pending.empty() && seen == pending);
+      return seen == record || (!pending.empty() && seen == pending) ||
+             (!in_flight.empty() && seen == in_flight);
     }
   };
   void StartKeepalive() {  // callers hold locks_mu
@@ -440,32 +443,91 @@ class Connection {
         if (stop) break;
         if (!lease_ctx || lease_failed) continue;
       }
-      RenewLeases();
+      RenewLeases(g);
     }
   }
 
-  // Rewrites each v3 lease file that still holds our record, on lease_ctx
-  // (callers hold locks_mu), read and written through one open handle: should a
-  // breaker move the file aside between the two, our write lands on the
-  // file it moved, which it then finds changed and puts back. A lease file
-  // that no longer holds our record was broken by another client (we were
-  // paused past the lease): the lock is lost and never written again, so
-  // the new holder's record stands (the writer fence catches the rest).
-  // A lease file that is missing is not taken for lost at once: a breaker
-  // of an expired lease moves it aside and puts back one it finds renewed,
-  // so it vanishes briefly. Only one missing for longer than the lease is
-  // lost. A transport error replaces lease_ctx before the next renewal.
-  void RenewLeases() {
+  // Rewrites each v3 lease file that still holds our record, on lease_ctx,
+  // read and written through one open handle: should a breaker move the
+  // file aside between the two, our write lands on the file it moved, which
+  // it then finds changed and puts back. A lease file that no longer holds
+  // our record was broken by another client (we were paused past the
+  // lease): the lock is lost and never written again, so the new holder's
+  // record stands (the writer fence catches the rest). A lease file that is
+  // missing is not taken for lost at once: a breaker of an expired lease
+  // moves it aside and puts back one it finds renewed, so it vanishes
+  // briefly. Only one missing for longer than the lease is lost. A
+  // transport error replaces lease_ctx before the next renewal.
+  // Called with `g` (locks_mu) held; the RPCs run without it, so that a
+  // release never waits for a renewal stuck on a hung server. Each record
+  // to be written is known (in_flight) before, so a release meanwhile still
+  // recognises the lease file as ours and removes it.
+  void RenewLeases(std::unique_lock<std::mutex>& g) {
+    struct Renewal {
+      std::string key, path;
+      uint64_t serial = 0;
+      std::string record, pending, next;  // the lock's, when the renewal began
+      bool missing = false, opened = false, read = false, ours = false, wrote = false;
+      std::string on_file;  // what the lease file held
+    };
+    std::vector<Renewal> renewals;
+    for (auto& [key, h] : held) {
+      if (h.lost) continue;
+      h.in_flight = LeaseRecord();
+      Renewal r;
+      r.key = key;
+      r.path = h.path;
+      r.serial = h.serial;
+      r.record = h.record;
+      r.pending = h.pending;
+      r.next = h.in_flight;
+      renewals.push_back(std::move(r));
+    }
     struct nfs_context* on = lease_ctx;
+    bool broken = false;  // lease_ctx saw a transport error
+    g.unlock();
     auto transport = [&](int rc) {
       const Kind kind = Classify(rc, nfs_get_error(on));
-      if (kind == Kind::kTimeout || kind == Kind::kTransport) lease_failed = true;
+      if (kind == Kind::kTimeout || kind == Kind::kTransport) broken = true;
     };
-    for (auto& [key, h] : held) {
-      if (h.lost || lease_failed) continue;
+    for (Renewal& r : renewals) {
+      if (broken) break;
       struct nfsfh* fh = nullptr;
-      int rc = nfs_open(on, h.path.c_str(), O_RDWR, &fh);
+      int rc = nfs_open(on, r.path.c_str(), O_RDWR, &fh);
       if (rc == -ENOENT) {
+        r.missing = true;
+        continue;
+      }
+      if (rc < 0) {  // try again next period
+        transport(rc);
+        continue;
+      }
+      r.opened = true;
+      char buf[512];
+      rc = nfs_pread(on, fh, 0, sizeof buf, buf);
+      if (rc < 0) transport(rc);
+      if (rc >= 0) {
+        r.read = true;
+        r.on_file.assign(buf, static_cast<size_t>(rc));
+        // (r.next cannot be there: it was never sent.)
+        r.ours = r.on_file == r.record || (!r.pending.empty() && r.on_file == r.pending);
+        if (r.ours) {
+          rc = nfs_pwrite(on, fh, 0, r.next.size(), r.next.data());
+          if (rc == static_cast<int>(r.next.size())) rc = nfs_fsync(on, fh);
+          r.wrote = rc == 0;
+          if (rc < 0) transport(rc);
+        }
+      }
+      (void)nfs_close(on, fh);
+    }
+    g.lock();
+    if (broken) lease_failed = true;
+    for (Renewal& r : renewals) {
+      auto it = held.find(r.key);
+      if (it == held.end() || it->second.serial != r.serial) continue;  // released meanwhile
+      Held& h = it->second;
+      h.in_flight.clear();
+      if (r.missing) {
         const int64_t now = NowMs();
         if (h.missing_since_ms == 0)
           h.missing_since_ms = now;
@@ -473,28 +535,16 @@ class Connection {
           h.lost = true;
         continue;
       }
-      if (rc < 0) {  // try again next period
-        transport(rc);
-        continue;
+      if (r.opened) h.missing_since_ms = 0;
+      if (r.read && !r.ours) h.lost = true;
+      if (!r.ours) continue;
+      if (r.wrote) {
+        h.record = std::move(r.next);
+        h.pending.clear();
+      } else {  // the WRITE failed, or got no answer: it may have landed
+        h.record = std::move(r.on_file);
+        h.pending = std::move(r.next);
       }
-      h.missing_since_ms = 0;
-      char buf[512];
-      rc = nfs_pread(on, fh, 0, sizeof buf, buf);
-      if (rc < 0) transport(rc);
-      if (rc >= 0 && !h.Ours(std::string(buf, static_cast<size_t>(rc)))) h.lost = true;
-      if (rc >= 0 && !h.lost) {
-        h.record.assign(buf, static_cast<size_t>(rc));
-        h.pending = LeaseRecord();
-        rc = nfs_pwrite(on, fh, 0, h.pending.size(), h.pending.data());
-        if (rc == static_cast<int>(h.pending.size())) rc = nfs_fsync(on, fh);
-        if (rc == 0) {
-          h.record = std::move(h.pending);
-          h.pending.clear();
-        } else if (rc < 0) {
-          transport(rc);
-        }
-      }
-      (void)nfs_close(on, fh);
     }
   }
 
@@ -1072,6 +1122,7 @@ class NfsBackend : public StorageBackend {
     CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
     Connection::Held h;
     h.path = path;
+    h.serial = c_->counter++;
     if (c_->options.version == 3) {
       if (mode == LockMode::kShared)
         return Status(Code::kUnimplemented,

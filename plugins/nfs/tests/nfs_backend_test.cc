@@ -817,6 +817,48 @@ TEST_P(NfsV3Faults, ATimeoutOnTheDataConnectionKeepsTheLeaseRenewed) {
   EXPECT_EQ(taken.status().code(), Code::kFailedPrecondition) << taken.status();
 }
 
+// NFSv3 lease locks: renewals run without holding the lock table, so a
+// release never waits for a renewal stuck on the server (which made a hung
+// server take two timeout_ms to fail a save). The release still removes
+// the lease file, and the stuck renewal, once it ends, does not bring the
+// lock back: another client takes it at once.
+TEST_P(NfsV3Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
+  const auto test_thread = std::this_thread::get_id();
+  std::atomic<bool> stuck{false};
+  auto holder = Backend("lease_ms=1000&timeout_ms=10000");  // renewed every 333 ms
+  ASSERT_TRUE(holder);
+  auto lock = holder->TryLock("lk");
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  {
+    nfs_hooks::Hooks h;
+    // The renewal's READ of the lease file (on the keepalive thread): no
+    // answer for 3 s, the first time.
+    h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+      if (std::this_thread::get_id() != test_thread && !stuck.exchange(true))
+        std::this_thread::sleep_for(milliseconds(3000));
+      return nfs_hooks::RealPread(n, fh, off, count, buf);
+    };
+    nfs_hooks::Scope scope(h);
+    const auto t0 = Clock::now();
+    while (!stuck && Clock::now() - t0 < milliseconds(5000))
+      std::this_thread::sleep_for(milliseconds(5));
+    ASSERT_TRUE(stuck) << "no renewal within 5 s";
+    const auto released = Clock::now();
+    lock->reset();
+    EXPECT_LT(Clock::now() - released, milliseconds(1000))
+        << "the release waited for the stuck renewal";
+    EXPECT_TRUE(ReadLocal(dir_ + "/lk").empty()) << "the release left the lease file";
+    auto taken = backend_->TryLock("lk");
+    EXPECT_TRUE(taken.ok()) << taken.status();
+    std::this_thread::sleep_for(milliseconds(3500));  // the stuck renewal ends
+    auto locked = holder->IsLocked("lk");
+    ASSERT_TRUE(locked.ok()) << locked.status();
+    EXPECT_TRUE(*locked) << "the new holder's lease is gone";
+    if (taken.ok()) taken->reset();
+  }
+  holder.reset();  // joins the keepalive thread before the hook's captures go
+}
+
 // NFSv3 lease locks: a holder whose lease another client took over (it was
 // paused past its lease) does not write its record back over the new one.
 TEST_P(NfsV3Faults, ARenewalLeavesANewHoldersLeaseAlone) {
