@@ -58,9 +58,15 @@ Status Coordinator::WaitSaved(int64_t step, std::string_view attempt,
                               std::chrono::milliseconds timeout) {
   Backoff backoff(DeadlineAfter(timeout));
   while (true) {
-    CKPTIO_ASSIGN_OR_RETURN(bool done, PollSaved(step, attempt));
-    if (done) return OkStatus();
-    if (!backoff.Wait()) return SaveTimedOut(step, timeout);
+    auto done = PollSaved(step, attempt);
+    if (done.ok() && *done) return OkStatus();
+    if (!done.ok() && !Transient(done.status())) return done.status();
+    if (!backoff.Wait()) {
+      if (done.ok()) return SaveTimedOut(step, timeout);
+      return done.status().WithContext(
+          "still failing at the deadline (" + std::to_string(timeout.count()) +
+          " ms) of waiting for rank 0 to commit step " + std::to_string(step));
+    }
   }
 }
 
@@ -81,6 +87,8 @@ class FileCoordinator : public Coordinator {
         mode_(mode) {}
 
   WaitMode mode() const override { return mode_; }
+
+  bool Transient(const Status& s) const override { return s.code() == Code::kUnavailable; }
 
   Status BeginSave(int64_t step, std::string_view attempt,
                    std::chrono::milliseconds timeout) override {
@@ -111,7 +119,7 @@ class FileCoordinator : public Coordinator {
                  {"prev_attempt", std::string(attempt)},
                  {"prev_state", outcome.ok() ? "committed" : "failed"},
                  {"prev_code", std::to_string(static_cast<int>(outcome.code()))},
-                 {"prev_message", outcome.message()}};
+                 {"prev_message", Capped(outcome.message())}};
     return s;
   }
 
@@ -179,14 +187,19 @@ class FileCoordinator : public Coordinator {
       auto record = ReadRecord(DecisionKey(name), kDecisionFormat, kMaxDecisionBytes);
       if (record.ok() && Field(*record, "job") == job_ && record->count("payload"))
         return Field(*record, "payload");
-      if (!record.ok() && record.status().code() != Code::kNotFound &&
-          record.status().code() != Code::kDataLoss)
-        return record.status();
-      if (!backoff.Wait())
+      const bool failing = !record.ok() && record.status().code() != Code::kNotFound &&
+                           record.status().code() != Code::kDataLoss;
+      if (failing && !Transient(record.status())) return record.status();
+      if (!backoff.Wait()) {
+        if (failing)
+          return record.status().WithContext("still failing at the deadline (" +
+                                             std::to_string(timeout.count()) +
+                                             " ms) of waiting for \"" + name + "\"");
         return Status(Code::kDeadlineExceeded,
                       "timed out after " + std::to_string(timeout.count()) + " ms waiting for \"" +
                           name + "\" to be published (wait mode " +
                           std::string(WaitModeName(mode_)) + ")");
+      }
     }
   }
 
@@ -293,6 +306,17 @@ class FileCoordinator : public Coordinator {
     return reader.status();
   }
 
+  // A message as a save record carries it: waiters read at most
+  // kMaxRecordBytes, and the record holds two (this save's and the last).
+  static std::string Capped(const std::string& message) {
+    constexpr size_t kMax = 8 << 10;
+    if (message.size() <= kMax) return message;
+    size_t cut = kMax;
+    while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+    return message.substr(0, cut) + " [... " + std::to_string(message.size() - cut) +
+           " more bytes in rank 0's log]";
+  }
+
   // NotFound when absent, DataLoss when damaged (or torn), ResourceExhausted
   // when over `max_bytes`.
   Result<std::map<std::string, std::string>> ReadRecord(std::string_view key,
@@ -313,7 +337,7 @@ class FileCoordinator : public Coordinator {
                    {"host", HostName()},
                    {"pid", std::to_string(::getpid())},
                    {"code", std::to_string(static_cast<int>(outcome.code()))},
-                   {"message", outcome.message()}});
+                   {"message", Capped(outcome.message())}});
     return WriteSmall(*backend_, kSaveRecordKey, SerializeRecord(kSaveFormat, fields),
                       WriteMode::kReplace);
   }

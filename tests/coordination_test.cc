@@ -1013,6 +1013,92 @@ TEST(FileCoordinatorTest, RecordsAsLargeAsAManifestPassAndLargerFailAtOnce) {
   EXPECT_LT(Clock::now() - t0, milliseconds(5000)) << "the waiter polled for an oversized record";
 }
 
+// Fails reads of LATEST and of published records with UNAVAILABLE (as an
+// NFS backend does for timeout_ms after a call got no answer) while
+// `failures` lasts; -1: for ever.
+class FlakyReads : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    if ((key == kLatestKey || key.rfind(".coord/decision-", 0) == 0) && failures != 0) {
+      if (failures > 0) --failures;
+      ++failed;
+      return Status(Code::kUnavailable, "injected: the server did not answer");
+    }
+    return ForwardingBackend::OpenObject(key);
+  }
+  int failures = 0, failed = 0;
+};
+
+// The storage not answering for a moment is no outcome of rank 0's save:
+// waiters poll past it to the commit (or the published record), and only a
+// failure that lasts to the deadline ends the wait with that failure. An
+// error that is not transient still ends it at once.
+TEST(FileCoordinatorTest, WaitsPollPastAStorageThatDoesNotAnswerForAMoment) {
+  for (WaitMode mode : {WaitMode::kManifest, WaitMode::kFileLock}) {
+    SCOPED_TRACE(WaitModeName(mode));
+    TempDir tmp;
+    const std::string job = NewJobId();
+    RankCtx r0;
+    CKPTIO_ASSERT_OK(OpenRank(tmp.Sub("store"), 0, job, mode, &r0));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto posix, NewPosixBackend(tmp.Sub("store")));
+    auto flaky = std::make_shared<FlakyReads>(std::shared_ptr<StorageBackend>(std::move(posix)));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto r1, NewFileCoordinator(flaky, MakeRank(1, job), mode));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto writer, r0.store->OpenWriter(RankZeroWriterOptions()));
+    const std::string attempt = AttemptOf(1);
+    CKPTIO_ASSERT_OK(r0.coord->BeginSave(1, attempt, milliseconds(2000)));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, writer->Begin(1));
+    CKPTIO_ASSERT_OK(pending->PutObject("data.bin", "x", 1));
+    CKPTIO_ASSERT_OK(pending->SetMetadata(kSaveAttemptKey, attempt));
+    CKPTIO_ASSERT_OK(pending->Commit().status());
+    CKPTIO_ASSERT_OK(r0.coord->EndSave(1, attempt, OkStatus()));
+    CKPTIO_ASSERT_OK(r0.coord->Publish("decision-1", "step 1"));
+
+    flaky->failures = 3;
+    CKPTIO_EXPECT_OK(r1->WaitSaved(1, attempt, milliseconds(5000)));
+    EXPECT_EQ(flaky->failed, 3);
+    flaky->failures = 3;
+    auto got = r1->WaitFor("decision-1", milliseconds(5000));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, "step 1");
+
+    flaky->failures = -1;
+    const auto t0 = Clock::now();
+    Status down = r1->WaitSaved(1, attempt, milliseconds(300));
+    EXPECT_EQ(down.code(), Code::kUnavailable) << down;
+    EXPECT_NE(down.message().find("still failing at the deadline"), std::string::npos) << down;
+    EXPECT_GE(Clock::now() - t0, milliseconds(300)) << "gave up before the deadline";
+    auto down_for = r1->WaitFor("decision-1", milliseconds(300));
+    EXPECT_EQ(down_for.status().code(), Code::kUnavailable) << down_for.status();
+    flaky->failures = 0;
+  }
+}
+
+// Rank 0's failure reaches the waiters however long its message: the save
+// record keeps the first 8 KiB of it (a record over 64 KiB would be ignored
+// by every waiter, which then waited for its deadline).
+TEST(FileCoordinatorTest, AFailureWithAHugeMessageStillReachesTheWaiters) {
+  TempDir tmp;
+  const std::string job = NewJobId();
+  RankCtx r0, r1;
+  CKPTIO_ASSERT_OK(OpenRank(tmp.Sub("store"), 0, job, WaitMode::kManifest, &r0));
+  CKPTIO_ASSERT_OK(OpenRank(tmp.Sub("store"), 1, job, WaitMode::kManifest, &r1));
+  const std::string huge = "disk full: " + std::string(100 << 10, 'e');
+  CKPTIO_ASSERT_OK(r0.coord->BeginSave(1, AttemptOf(1), milliseconds(2000)));
+  CKPTIO_ASSERT_OK(r0.coord->EndSave(1, AttemptOf(1), Status(Code::kResourceExhausted, huge)));
+  const auto t0 = Clock::now();
+  Status s = r1.coord->WaitSaved(1, AttemptOf(1), milliseconds(5000));
+  EXPECT_LT(Clock::now() - t0, milliseconds(2000)) << "the waiter did not see rank 0's failure";
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString().substr(0, 300);
+  EXPECT_NE(s.message().find("disk full: eee"), std::string::npos);
+  EXPECT_NE(s.message().find("more bytes in rank 0's log"), std::string::npos);
+  // The next save's record carries it too (prev_message), and still fits.
+  CKPTIO_ASSERT_OK(r0.coord->BeginSave(2, AttemptOf(2), milliseconds(2000)));
+  Status again = r1.coord->WaitSaved(1, AttemptOf(1), milliseconds(5000));
+  EXPECT_EQ(again.code(), Code::kResourceExhausted) << again.ToString().substr(0, 300);
+  CKPTIO_ASSERT_OK(r0.coord->EndSave(2, AttemptOf(2), OkStatus()));
+}
+
 // Retract deletes a published record (and only it): a waiter no longer
 // finds it, and retracting what is absent is not an error.
 TEST(FileCoordinatorTest, RetractDeletesThePublishedRecordOnly) {

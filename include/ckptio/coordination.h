@@ -78,9 +78,15 @@ class Coordinator {
   // while it is pending; rank 0's failure or death is returned as an error.
   virtual Result<bool> PollSaved(int64_t step, std::string_view attempt) = 0;
   // Other ranks: PollSaved until true, an error, or the deadline
-  // (DeadlineExceeded naming the step, the mode and rank 0).
+  // (DeadlineExceeded naming the step, the mode and rank 0). A Transient
+  // error is polled past; if the last poll before the deadline failed so,
+  // that error is returned.
   virtual Status WaitSaved(int64_t step, std::string_view attempt,
                            std::chrono::milliseconds timeout);
+  // Whether an error of one poll may not recur at the next: the storage not
+  // answering for a moment (a timed-out NFS call, a lock connection being
+  // replaced) says nothing of rank 0's save. No error is, by default.
+  virtual bool Transient(const Status&) const { return false; }
   // WaitSaved's DeadlineExceeded: names the step, the mode and rank 0.
   Status SaveTimedOut(int64_t step, std::chrono::milliseconds timeout) const;
 

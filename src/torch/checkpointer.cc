@@ -951,8 +951,10 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
 Result<bool> Checkpointer::Ticket::Poll() {
   if (!resolved_) {
     auto r = owner_->coordinator_->PollSaved(step_, attempt_);
+    const bool before_deadline = std::chrono::steady_clock::now() < deadline_;
+    if (!r.ok() && owner_->coordinator_->Transient(r.status()) && before_deadline) return false;
     if (r.ok() && !*r) {
-      if (std::chrono::steady_clock::now() < deadline_) return false;
+      if (before_deadline) return false;
       r = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
     }
     resolved_ = true;

@@ -1,5 +1,6 @@
 // The LibTorch adapter on one rank: every dtype, modules, optimizers,
 // map_location, all-or-nothing loads, fallback, one-liners.
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -802,6 +803,59 @@ TEST(TorchStateTest, AnEmptyStoreLoadsNothing) {
   EXPECT_FALSE(got->has_value());
 }
 
+// Rank r of a job of two, for two Checkpointers in one process.
+RankInfo RankOfTwo(int r, const std::string& job) {
+  RankInfo info;
+  info.source = "test";
+  info.rank = r;
+  info.world_size = 2;
+  info.local_rank = r;
+  info.local_world_size = 2;
+  info.job_id = job;
+  return info;
+}
+
+// Fails the first `failures` reads of LATEST with UNAVAILABLE, as an NFS
+// backend does for timeout_ms after a call that got no answer.
+class FlakyLatest : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    if (key == kLatestKey && failures > 0) {
+      --failures;
+      return Status(Code::kUnavailable, "injected: the server did not answer");
+    }
+    return ForwardingBackend::OpenObject(key);
+  }
+  std::atomic<int> failures{0};
+};
+
+// A non-blocking save's ticket on a waiting rank: a poll that finds the
+// storage not answering for a moment says "not yet", not a failed save.
+TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
+  TempDir dir;
+  CheckpointerOptions o;
+  o.timeout = std::chrono::seconds(10);
+  auto ck0 = Checkpointer::Open(dir.Sub("store"), RankOfTwo(0, "flaky-poll-test"), o);
+  auto posix = NewPosixBackend(dir.Sub("store"));
+  ASSERT_TRUE(posix.ok());
+  auto flaky = std::make_shared<FlakyLatest>(std::shared_ptr<StorageBackend>(std::move(*posix)));
+  o.backend = flaky;
+  auto ck1 = Checkpointer::Open(dir.Sub("store"), RankOfTwo(1, "flaky-poll-test"), o);
+  ASSERT_TRUE(ck0.ok() && ck1.ok());
+  torch::Tensor t = torch::full({16}, 1.0f);
+  State s{{"t", t}};
+  CKPTIO_ASSERT_OK((*ck0)->Save(1, s));
+  flaky->failures = 3;
+  auto ticket = (*ck1)->SaveNonBlocking(1, s);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  Result<bool> polled = false;
+  for (int i = 0; i < 10 && polled.ok() && !*polled; ++i) polled = ticket->Poll();
+  ASSERT_TRUE(polled.ok()) << "one unanswered read failed the ticket: " << polled.status();
+  EXPECT_TRUE(*polled);
+  EXPECT_EQ(flaky->failures, 0);
+}
+
 // Deletes step `retire` (manifest first, as retention does) when its first
 // object other than the manifest is opened: retired between the read of its
 // manifest and of its tensors.
@@ -828,16 +882,7 @@ class RetiresOnOpen : public testing::ForwardingBackend {
 // step). Once before rank 1 opens the step, once while it reads it.
 TEST(TorchStateTest, ARankWhoseChosenStepWasRetiredSaysWhy) {
   TempDir dir;
-  auto rank = [](int r) {
-    RankInfo info;
-    info.source = "test";
-    info.rank = r;
-    info.world_size = 2;
-    info.local_rank = r;
-    info.local_world_size = 2;
-    info.job_id = "retired-step-test";
-    return info;
-  };
+  auto rank = [](int r) { return RankOfTwo(r, "retired-step-test"); };
   CheckpointerOptions o;
   o.keep_last = 1;
   o.timeout = std::chrono::seconds(5);
