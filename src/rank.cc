@@ -37,7 +37,13 @@ constexpr Scheme kSchemes[] = {
     // batch step's SLURM_PROCID (0), and only Open MPI's variables differ.
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {"slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"},
+    // Only srun's tasks: srun alone sets SLURM_STEP_NUM_TASKS (the step's
+    // size; SLURM_NTASKS can be the allocation's). A program run in the
+    // batch script itself also sees SLURM_PROCID=0 and SLURM_NTASKS, but it
+    // is one process, not rank 0 of SLURM_NTASKS, and so is one in an
+    // salloc shell: without SLURM_STEP_NUM_TASKS, Slurm's variables are not
+    // read at all.
+    {"slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"},
 };
 
 std::string JobId(const std::function<const char*(const char*)>& get, const char* source) {
@@ -75,6 +81,7 @@ Result<RankInfo> RankInfo::FromEnv() {
 
 Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>& get) {
   for (const Scheme& sc : kSchemes) {
+    if (std::string(sc.source) == "slurm" && get(sc.world_size) == nullptr) continue;
     const char* names[] = {sc.rank, sc.local_rank, sc.world_size};
     int present = 0;
     for (const char* n : names) present += get(n) != nullptr;
@@ -92,8 +99,8 @@ Result<RankInfo> RankInfo::FromEnv(const std::function<const char*(const char*)>
     int values[4] = {ParseCount(get(sc.rank)), ParseCount(get(sc.local_rank)),
                      ParseCount(get(sc.world_size)), ParseCount(get(sc.local_world_size))};
     const char* all[] = {sc.rank, sc.local_rank, sc.world_size, sc.local_world_size};
-    // Slurm's SLURM_NTASKS_PER_NODE can read "4(x2)", or be the allocation's,
-    // inherited by a smaller srun step: then it is unknown.
+    // Slurm's SLURM_STEP_TASKS_PER_NODE reads "4(x2)" on several nodes, and
+    // "2,1" when they differ: then it is unknown, as is a count past the step.
     if (std::string(sc.source) == "slurm" && (values[3] < -1 || values[3] > values[2]))
       values[3] = -1;
     for (int i = 0; i < 4; ++i) {

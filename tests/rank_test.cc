@@ -34,10 +34,12 @@ Env Torchrun(const std::string& rank, const std::string& local_rank, const std::
 
 Env Slurm(const std::string& procid, const std::string& localid, const std::string& ntasks,
           const std::string& per_node) {
+  // srun sets SLURM_NTASKS to the step's size too (unless --preserve-env).
   return {{"SLURM_PROCID", procid},
           {"SLURM_LOCALID", localid},
           {"SLURM_NTASKS", ntasks},
-          {"SLURM_NTASKS_PER_NODE", per_node}};
+          {"SLURM_STEP_NUM_TASKS", ntasks},
+          {"SLURM_STEP_TASKS_PER_NODE", per_node}};
 }
 
 Env OpenMpi(const std::string& rank, const std::string& local_rank, const std::string& size,
@@ -194,22 +196,48 @@ TEST(RankFromEnvTest, SlurmTasksPerNodeListIsTolerated) {
   EXPECT_EQ(r.rank, 6);
   EXPECT_EQ(r.local_rank, 2);
   EXPECT_EQ(r.world_size, 8);
-  EXPECT_EQ(r.local_world_size, 8) << "an unparsable SLURM_NTASKS_PER_NODE is unknown";
+  EXPECT_EQ(r.local_world_size, 8) << "an unparsable SLURM_STEP_TASKS_PER_NODE is unknown";
   CKPTIO_EXPECT_OK(r.Validate());
 
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo het, FromEnv(Slurm("4", "0", "6", "4,2")));
   EXPECT_EQ(het.local_world_size, 6);
 
-  // An srun step of 2 tasks in an allocation of 4 per node: the allocation's
-  // SLURM_NTASKS_PER_NODE is inherited, and is no bound on this step.
+  // More per node than in the step is no bound: unknown.
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo step, FromEnv(Slurm("1", "1", "2", "4")));
   EXPECT_EQ(step.local_world_size, 2);
 
   Env no_per_node = Slurm("1", "1", "2", "");
-  no_per_node.erase("SLURM_NTASKS_PER_NODE");
+  no_per_node.erase("SLURM_STEP_TASKS_PER_NODE");
   CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo r2, FromEnv(no_per_node));
   EXPECT_EQ(r2.local_world_size, 2);
   EXPECT_EQ(r2.job_id, "");
+}
+
+// A program run in an sbatch script itself (no srun) sees SLURM_PROCID=0
+// and SLURM_NTASKS of the allocation, but no SLURM_STEP_NUM_TASKS, which
+// only srun sets (Slurm's env_array_for_step); an salloc shell has no
+// SLURM_PROCID at all. Either is one process, not rank 0 of SLURM_NTASKS
+// waiting for ranks that never start.
+TEST(RankFromEnvTest, SlurmBatchScriptAndAllocationShellAreOneProcess) {
+  Env batch = {{"SLURM_JOB_ID", "1234"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
+               {"SLURM_NTASKS", "4"},    {"SLURM_NPROCS", "4"}, {"SLURM_NTASKS_PER_NODE", "4"}};
+  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo b, FromEnv(batch));
+  EXPECT_EQ(b.source, "single");
+  EXPECT_EQ(b.world_size, 1);
+  EXPECT_EQ(b.rank, 0);
+
+  Env shell = {{"SLURM_JOB_ID", "1234"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "4"}};
+  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo s, FromEnv(shell));
+  EXPECT_EQ(s.source, "single");
+  EXPECT_EQ(s.world_size, 1);
+
+  // srun --preserve-env leaves the allocation's SLURM_NTASKS: the step's
+  // size is SLURM_STEP_NUM_TASKS.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(RankInfo e,
+                              FromEnv(Merge(Slurm("1", "1", "2", "2"), {{"SLURM_NTASKS", "8"}})));
+  EXPECT_EQ(e.source, "slurm");
+  EXPECT_EQ(e.world_size, 2);
+  EXPECT_EQ(e.rank, 1);
 }
 
 // ---------------------------------------------------------------- Open MPI
@@ -259,8 +287,8 @@ TEST(RankFromEnvTest, PartialSetsNameTheVariables) {
   ExpectInvalid({{"RANK", "0"}}, {"torchrun", "LOCAL_RANK", "WORLD_SIZE"});
   ExpectInvalid({{"LOCAL_RANK", "0"}}, {"torchrun", "RANK", "WORLD_SIZE"});
   ExpectInvalid({{"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "4"}}, {"RANK", "LOCAL_RANK"});
-  ExpectInvalid({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}}, {"slurm", "SLURM_LOCALID"});
-  ExpectInvalid({{"SLURM_LOCALID", "1"}}, {"SLURM_PROCID", "SLURM_NTASKS"});
+  ExpectInvalid({{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}}, {"slurm", "SLURM_LOCALID"});
+  ExpectInvalid({{"SLURM_STEP_NUM_TASKS", "4"}}, {"SLURM_PROCID", "SLURM_LOCALID"});
   ExpectInvalid({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}},
                 {"openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"});
 }
@@ -279,7 +307,7 @@ TEST(RankFromEnvTest, NonNumbersAreRejected) {
   ExpectInvalid(Torchrun("+1", "0", "2", "2"), {"RANK", "digits only"});
   ExpectInvalid(Torchrun("0", "-0", "2", "2"), {"LOCAL_RANK", "digits only"});
   ExpectInvalid(Slurm("x", "0", "2", "2"), {"SLURM_PROCID", "x"});
-  ExpectInvalid(Slurm("0", "0", "many", "2"), {"SLURM_NTASKS", "many"});
+  ExpectInvalid(Slurm("0", "0", "many", "2"), {"SLURM_STEP_NUM_TASKS", "many"});
   ExpectInvalid(OpenMpi("0", "0", "2", "?"), {"OMPI_COMM_WORLD_LOCAL_SIZE"});
 }
 

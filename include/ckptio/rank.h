@@ -31,9 +31,11 @@ struct RankInfo {
   // LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_RANK/
   // OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_SIZE/
   // OMPI_COMM_WORLD_LOCAL_SIZE (mpirun inside a Slurm allocation), or
-  // Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS
-  // (SLURM_NTASKS_PER_NODE). No variables at all: a single process
-  // (rank 0 of 1). A partial set, anything but decimal digits (no sign or
+  // Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_STEP_NUM_TASKS
+  // (SLURM_STEP_TASKS_PER_NODE), which only tasks started by srun have: a
+  // program run in the batch script or an salloc shell is a single process
+  // whatever SLURM_PROCID and SLURM_NTASKS say. No variables at all: a
+  // single process (rank 0 of 1). A partial set, anything but decimal digits (no sign or
   // spaces), a count over 2^24, or values that contradict each other:
   // InvalidArgument naming the variables.
   static Result<RankInfo> FromEnv();
