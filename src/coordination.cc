@@ -127,7 +127,7 @@ class FileCoordinator : public Coordinator {
     // The record first, then the store: a record of a later attempt was
     // written after this attempt ended, so its commit, if any, shows below.
     auto record = ReadRecord(kSaveRecordKey, kSaveFormat);
-    CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt));
+    CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt, record));
     if (committed) return true;
     if (record.ok()) {
       if (Mine(*record, step, attempt) && Field(*record, "state") == "failed")
@@ -144,7 +144,7 @@ class FileCoordinator : public Coordinator {
     // started this one, has finished it, or died. Decide before releasing
     // the lock, or rank 0 could start the save and look dead.
     record = ReadRecord(kSaveRecordKey, kSaveFormat);
-    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt));
+    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt, record));
     lock->reset();
     if (committed) return true;
     if (!record.ok()) return false;
@@ -277,6 +277,18 @@ class FileCoordinator : public Coordinator {
     return x && y && *x > *y;
   }
 
+  // Whether rank 0's record says `attempt` of `step` is over and not
+  // failed: committed (as this save's, or the last one's outcome), or rank 0
+  // is past it (a manifest it left then stays).
+  bool SaysFinal(const std::map<std::string, std::string>& r, int64_t step,
+                 std::string_view attempt) const {
+    if (Field(r, "job") != job_) return false;
+    if (Mine(r, step, attempt)) return Field(r, "state") == "committed";
+    if (Field(r, "prev_step") == std::to_string(step) && Field(r, "prev_attempt") == attempt)
+      return Field(r, "prev_state") == "committed";
+    return Later(Field(r, "attempt"), attempt);
+  }
+
   bool Mine(const std::map<std::string, std::string>& r, int64_t step,
             std::string_view attempt) const {
     return Field(r, "job") == job_ && Field(r, "step") == std::to_string(step) &&
@@ -285,8 +297,13 @@ class FileCoordinator : public Coordinator {
 
   // Committed means: LATEST (opened and read) is at or past `step`, and the
   // step's own manifest opens and names `attempt` (a step saved before, or
-  // by another try, is not this save's commit).
-  Result<bool> IsCommitted(int64_t step, std::string_view attempt) {
+  // by another try, is not this save's commit). LATEST moves only once the
+  // commit is durable; a step below the one LATEST names (a save after a
+  // load fell back past a damaged newer step) does not move it, and its
+  // manifest shows before the commit is final (the folder's fsync can still
+  // fail and undo it): then rank 0's record must also say it committed.
+  Result<bool> IsCommitted(int64_t step, std::string_view attempt,
+                           const Result<std::map<std::string, std::string>>& record) {
     auto latest = store_.ReadLatest();
     if (!latest.ok()) {
       // A LATEST being replaced is never torn (atomic rename); a damaged one
@@ -296,6 +313,7 @@ class FileCoordinator : public Coordinator {
       return latest.status();
     }
     if (!latest->has_value() || (*latest)->step < step) return false;
+    if ((*latest)->step > step && !(record.ok() && SaysFinal(*record, step, attempt))) return false;
     auto reader = store_.OpenStep(step);
     if (reader.ok()) {
       const auto& meta = (*reader)->manifest().metadata;

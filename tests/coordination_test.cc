@@ -1013,6 +1013,56 @@ TEST(FileCoordinatorTest, RecordsAsLargeAsAManifestPassAndLargerFailAtOnce) {
   EXPECT_LT(Clock::now() - t0, milliseconds(5000)) << "the waiter polled for an oversized record";
 }
 
+// A save of a step below the one LATEST names (after a load fell back past
+// a damaged newer step) does not move LATEST, and its manifest shows before
+// the commit is final (the folder's fsync can still fail, and rank 0 then
+// removes it): a waiter takes it as committed only once rank 0's record
+// says so, or rank 0 is past that save.
+TEST(FileCoordinatorTest, AStepBelowLatestIsCommittedOnlyOnceRankZeroSaysSo) {
+  for (WaitMode mode : {WaitMode::kManifest, WaitMode::kFileLock}) {
+    SCOPED_TRACE(WaitModeName(mode));
+    TempDir tmp;
+    const std::string job = NewJobId();
+    RankCtx r0, r1;
+    CKPTIO_ASSERT_OK(OpenRank(tmp.Sub("store"), 0, job, mode, &r0));
+    CKPTIO_ASSERT_OK(OpenRank(tmp.Sub("store"), 1, job, mode, &r1));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto writer, r0.store->OpenWriter(RankZeroWriterOptions()));
+    // As a Checkpointer names its saves: "<scope>.<k>", k counting up.
+    auto Attempt = [](int64_t step) { return "j.c1." + std::to_string(step); };
+    // Rank 0's save up to the commit; EndSave is the caller's.
+    auto commit = [&](int64_t step) -> Status {
+      CKPTIO_RETURN_IF_ERROR(r0.coord->BeginSave(step, Attempt(step), milliseconds(2000)));
+      CKPTIO_ASSIGN_OR_RETURN(auto pending, writer->Begin(step));
+      CKPTIO_RETURN_IF_ERROR(pending->PutObject("data.bin", "x", 1));
+      CKPTIO_RETURN_IF_ERROR(pending->SetMetadata(kSaveAttemptKey, Attempt(step)));
+      return pending->Commit().status();
+    };
+    CKPTIO_ASSERT_OK(commit(200));
+    CKPTIO_ASSERT_OK(r0.coord->EndSave(200, Attempt(200), OkStatus()));
+
+    CKPTIO_ASSERT_OK(commit(150));
+    auto early = r1.coord->PollSaved(150, Attempt(150));
+    ASSERT_TRUE(early.ok()) << early.status();
+    EXPECT_FALSE(*early) << "a step below LATEST counted before rank 0 said it committed";
+    CKPTIO_ASSERT_OK(r0.coord->EndSave(150, Attempt(150), OkStatus()));
+    CKPTIO_EXPECT_OK(r1.coord->WaitSaved(150, Attempt(150), milliseconds(2000)));
+
+    // Rank 0's commit failed after the manifest showed (and was undone).
+    CKPTIO_ASSERT_OK(commit(160));
+    CKPTIO_ASSERT_OK(r0.coord->EndSave(160, Attempt(160),
+                                       Status(Code::kDataLoss, "fsync of the step folder failed")));
+    Status failed = r1.coord->WaitSaved(160, Attempt(160), milliseconds(2000));
+    EXPECT_EQ(failed.code(), Code::kDataLoss) << failed;
+
+    // Two saves behind: rank 0 is past step 150, which stays committed.
+    for (int64_t step : {170, 180}) {
+      CKPTIO_ASSERT_OK(commit(step));
+      CKPTIO_ASSERT_OK(r0.coord->EndSave(step, Attempt(step), OkStatus()));
+    }
+    CKPTIO_EXPECT_OK(r1.coord->WaitSaved(150, Attempt(150), milliseconds(2000)));
+  }
+}
+
 // Fails reads of LATEST and of published records with UNAVAILABLE (as an
 // NFS backend does for timeout_ms after a call got no answer) while
 // `failures` lasts; -1: for ever.
