@@ -552,19 +552,33 @@ void ApplyTensors(Staged& staged, State& state) {
 namespace {
 
 // "<16 hex of the job id's hash>.c<n>": the n-th Checkpointer of the job
-// this rank opened in this process on the coordination channel (the store
-// for file-based modes, the c10d store object for kStore); a job of one
-// rank: c0, nobody to agree with. Two Checkpointers of one job (model and
-// EMA, on one store or two sharing a TCPStore) never read each other's
-// records or keys, and one opened on some ranks only (rank 0's "best model"
-// store) shifts no other channel's count.
-std::string ScopeFor(const RankInfo& rank, const std::string& channel) {
+// this rank opened on the coordination channel (the store for file-based
+// modes, counted in this process; the c10d store for kStore, counted in the
+// store itself, whose server can outlive a trainer's client objects, and an
+// object's address, which may come again once it is freed, differently on
+// each rank, is no name for it); a job of one rank: c0, nobody to agree
+// with. Two Checkpointers of one job (model and EMA, on one store or two
+// sharing a TCPStore) never read each other's records or keys, and one
+// opened on some ranks only (rank 0's "best model" store) shifts no other
+// channel's count.
+Result<std::string> ScopeFor(const RankInfo& rank, const CheckpointerOptions& options,
+                             const std::string& store_uri) {
   const std::string job = HashBytes(rank.job_id).Hex().substr(0, 16);
   if (rank.world_size == 1) return job + ".c0";
+  if (options.wait == WaitMode::kStore) {
+    try {
+      const int64_t n =
+          options.c10d_store->add("ckptio/opened/" + job + "/" + std::to_string(rank.rank), 1);
+      return job + ".c" + std::to_string(n);
+    } catch (const std::exception& e) {
+      return Status(Code::kUnavailable,
+                    std::string("c10d store: counting this rank's Checkpointers: ") + e.what());
+    }
+  }
   static std::mutex mu;
   static auto* opened = new std::map<std::string, uint64_t>;  // never destroyed
   std::lock_guard<std::mutex> lock(mu);
-  const uint64_t n = ++(*opened)[std::to_string(rank.rank) + '\0' + job + '\0' + channel];
+  const uint64_t n = ++(*opened)[std::to_string(rank.rank) + '\0' + job + '\0' + store_uri];
   return job + ".c" + std::to_string(n);
 }
 
@@ -602,11 +616,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
     CKPTIO_ASSIGN_OR_RETURN(c->writer_, c->store_->OpenWriter(wo));
   }
   // Last: an Open that fails counts on no rank.
-  c->scope_ = ScopeFor(
-      rank,
-      c->options_.wait == WaitMode::kStore
-          ? "c10d:" + std::to_string(reinterpret_cast<uintptr_t>(c->options_.c10d_store.get()))
-          : "store:" + shared->Uri());
+  CKPTIO_ASSIGN_OR_RETURN(c->scope_, ScopeFor(rank, c->options_, shared->Uri()));
   return c;
 }
 

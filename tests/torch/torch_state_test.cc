@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
@@ -854,6 +855,57 @@ TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
   ASSERT_TRUE(polled.ok()) << "one unanswered read failed the ticket: " << polled.status();
   EXPECT_TRUE(*polled);
   EXPECT_EQ(flaky->failures, 0);
+}
+
+// kStore: a Checkpointer's scope is counted in the c10d store, not named by
+// the store object's address. A trainer that reopens its Checkpointers with
+// a new store client on one rank and the old object on another (or gets a
+// freed object's address again) still has every rank load the same step.
+TEST(TorchStateTest, C10dScopesAgreeWhenARankMakesANewStoreClient) {
+  TempDir dir;
+  auto tcp = [](uint16_t port, bool server) {
+    c10d::TCPStoreOptions o;
+    o.port = port;
+    o.isServer = server;
+    o.waitWorkers = false;
+    o.timeout = std::chrono::seconds(10);
+    UseClassicTcpStore(o);
+    return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  };
+  auto served = tcp(0, true);
+  auto first_client = tcp(served->getPort(), false);
+  CheckpointerOptions o;
+  o.wait = WaitMode::kStore;
+  o.timeout = std::chrono::seconds(5);
+  torch::Tensor t = torch::full({4}, 3.0f);
+  State s{{"t", t}};
+  auto open = [&](int r, c10::intrusive_ptr<c10d::Store> store) {
+    o.c10d_store = std::move(store);
+    auto c = Checkpointer::Open(dir.Sub("store"), RankOfTwo(r, "c10d-scope-test"), o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  {
+    auto ck0 = open(0, served);
+    auto ck1 = open(1, first_client);
+    ASSERT_TRUE(ck0 && ck1);
+    for (auto* ck : {ck0.get(), ck1.get()}) {  // an empty store: nothing to load
+      auto got = ck->Load(s);
+      ASSERT_TRUE(got.ok() && !got->has_value()) << got.status();
+    }
+    CKPTIO_ASSERT_OK(ck0->Save(10, s));
+    CKPTIO_ASSERT_OK(ck1->Save(10, s));
+  }
+  auto ck0 = open(0, served);
+  auto ck1 = open(1, tcp(served->getPort(), false));  // a new client object
+  ASSERT_TRUE(ck0 && ck1);
+  auto got0 = ck0->Load(s);
+  ASSERT_TRUE(got0.ok() && got0->has_value()) << got0.status();
+  EXPECT_EQ((*got0)->step, 10);
+  auto got1 = ck1->Load(s);
+  ASSERT_TRUE(got1.ok()) << got1.status();
+  ASSERT_TRUE(got1->has_value()) << "rank 1 read an earlier Checkpointer's decision";
+  EXPECT_EQ((*got1)->step, 10);
 }
 
 // Deletes step `retire` (manifest first, as retention does) when its first
