@@ -29,16 +29,17 @@ the test named with it; the invariants are those of `../shared/DESIGN.md`.
 HEAD
   echo "Generated $(date -u +%Y-%m-%dT%H:%MZ) at commit $(git -C "$CKPTIO_ROOT" rev-parse --short HEAD) on $(nproc) cores."
   echo
-  echo "## Crashes and I/O errors during a save, gc and repair"
+  echo "## Crashes and I/O errors during a save, its retention, gc and repair"
   echo
   echo 'Test: `plugins/faulty/tests/fault_sweep_test.cc` (`build/bin/fault_sweep_test`). After'
   echo 'every case a fresh view of the store must hold the old or the new checkpoint,'
   echo 'verifying byte for byte; LATEST must name a committed step; `fsck --repair` must'
-  echo 'end clean without losing a good step; the next save must work.'
+  echo 'end clean without losing a good step; gc and retention must leave no step'
+  echo 'half-deleted (every step that has a manifest still verifies); the next save must work.'
   echo
   lines '^(crash sweep|error sweep|sigkill|gc sweep):' "$bin/fault_sweep_test" --gtest_filter=-*PowerLoss*
   echo
-  echo "## Power loss during a save, gc and repair"
+  echo "## Power loss during a save, its retention, gc and repair"
   echo
   echo 'Test: the same file. The POSIX backend runs on `PowerLossFs`'
   echo '(`plugins/faulty/include/ckptio/power_loss_fs.h`), which tracks what each fsync made'
