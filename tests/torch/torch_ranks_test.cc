@@ -43,6 +43,7 @@
 #include "ckptio/ckptio.h"
 #include "ckptio/torch.h"
 #include "process.h"
+#include "tcp_store_test_util.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -277,17 +278,6 @@ struct RankEnv {
   }
 };
 
-c10::intrusive_ptr<c10d::Store> ConnectTcpStore(int port, bool server) {
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(port);
-  o.isServer = server;
-  o.numWorkers = kWorld;
-  o.waitWorkers = false;
-  o.timeout = std::chrono::milliseconds(20000);
-  UseClassicTcpStore(o);
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
-}
-
 // The kWorld ranks of one launch (plus the TCPStore agent when asked), and
 // the parent's side of their pipes. Every line a rank sends is kept.
 class Ranks {
@@ -359,7 +349,7 @@ class Ranks {
     const int port = launch_.port;
     agent_.emplace(Child::Start([&, port] {
       torch::set_num_threads(1);
-      auto store = ConnectTcpStore(port, /*server=*/true);
+      auto store = testing::ConnectTcpStore(static_cast<uint16_t>(port), /*server=*/true);
       WriteLine(agent_pipe_->write_fd(), "up");
       for (int i = 0; i < 120; ++i) std::this_thread::sleep_for(milliseconds(1000));
       return kExitNotKilled;
@@ -390,7 +380,7 @@ class Ranks {
     const bool serves = launch_.mode == WaitMode::kStore && r == 0 && !launch_.agent_serves;
     if (launch_.mode == WaitMode::kStore) {
       try {
-        env.c10d = ConnectTcpStore(launch_.port, serves);
+        env.c10d = testing::ConnectTcpStore(static_cast<uint16_t>(launch_.port), serves);
       } catch (const std::exception& e) {
         return Fail(r, kExitSetup, std::string("TCPStore: ") + e.what());
       }

@@ -4,12 +4,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
 #include "ckptio/torch.h"
 #include "cuda_test_util.h"
+#include "tcp_store_test_util.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -863,15 +863,7 @@ TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
 // freed object's address again) still has every rank load the same step.
 TEST(TorchStateTest, C10dScopesAgreeWhenARankMakesANewStoreClient) {
   TempDir dir;
-  auto tcp = [](uint16_t port, bool server) {
-    c10d::TCPStoreOptions o;
-    o.port = port;
-    o.isServer = server;
-    o.waitWorkers = false;
-    o.timeout = std::chrono::seconds(10);
-    UseClassicTcpStore(o);
-    return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
-  };
+  auto tcp = [](uint16_t port, bool server) { return testing::ConnectTcpStore(port, server); };
   auto served = tcp(0, true);
   auto first_client = tcp(served->getPort(), false);
   CheckpointerOptions o;
