@@ -88,7 +88,11 @@ class FileCoordinator : public Coordinator {
 
   WaitMode mode() const override { return mode_; }
 
-  bool Transient(const Status& s) const override { return s.code() == Code::kUnavailable; }
+  // This rank's own storage calls, not rank 0's failure read from its
+  // record (which keeps rank 0's code, UNAVAILABLE included, and is final).
+  bool Transient(const Status& s) const override {
+    return s.code() == Code::kUnavailable && s.message().rfind(kRankZeroFailed, 0) != 0;
+  }
 
   Status BeginSave(int64_t step, std::string_view attempt,
                    std::chrono::milliseconds timeout) override {
@@ -214,6 +218,7 @@ class FileCoordinator : public Coordinator {
   // A decision record may carry a stripe receipt, which lists every chunk
   // and tensor of a rank's part: as large as a manifest may be.
   static constexpr size_t kMaxDecisionBytes = kMaxManifestBytes;
+  static constexpr const char* kRankZeroFailed = "rank 0 failed to save step ";
 
   // Rank 0's failure, with its code, as every waiter reports it (fields
   // "code" and "message", or "prev_code" and "prev_message").
@@ -226,7 +231,7 @@ class FileCoordinator : public Coordinator {
         std::stoi(it->second) > 0 && std::stoi(it->second) <= static_cast<int>(Code::kInternal))
       code = static_cast<Code>(std::stoi(it->second));
     auto msg = r.find(prefix + "message");
-    return Status(code, "rank 0 failed to save step " + std::to_string(step) + ": " +
+    return Status(code, kRankZeroFailed + std::to_string(step) + ": " +
                             (msg == r.end() ? "(no message)" : msg->second));
   }
 
@@ -279,10 +284,13 @@ class FileCoordinator : public Coordinator {
 
   // Whether rank 0's record says `attempt` of `step` is over and not
   // failed: committed (as this save's, or the last one's outcome), or rank 0
-  // is past it (a manifest it left then stays).
+  // is past it (a manifest it left then stays). A record of another job or
+  // Checkpointer (scope) says nothing of this save: then true, and the
+  // manifest alone decides.
   bool SaysFinal(const std::map<std::string, std::string>& r, int64_t step,
                  std::string_view attempt) const {
-    if (Field(r, "job") != job_) return false;
+    auto scope = [](std::string_view a) { return std::string(a.substr(0, a.rfind('.'))); };
+    if (Field(r, "job") != job_ || scope(Field(r, "attempt")) != scope(attempt)) return true;
     if (Mine(r, step, attempt)) return Field(r, "state") == "committed";
     if (Field(r, "prev_step") == std::to_string(step) && Field(r, "prev_attempt") == attempt)
       return Field(r, "prev_state") == "committed";
@@ -325,9 +333,10 @@ class FileCoordinator : public Coordinator {
   }
 
   // A message as a save record carries it: waiters read at most
-  // kMaxRecordBytes, and the record holds two (this save's and the last).
+  // kMaxRecordBytes (64 KiB), and the record holds two (this save's and the
+  // last), each escaped to at most 6 times its size.
   static std::string Capped(const std::string& message) {
-    constexpr size_t kMax = 8 << 10;
+    constexpr size_t kMax = 4 << 10;
     if (message.size() <= kMax) return message;
     size_t cut = kMax;
     while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;

@@ -1060,6 +1060,13 @@ TEST(FileCoordinatorTest, AStepBelowLatestIsCommittedOnlyOnceRankZeroSaysSo) {
       CKPTIO_ASSERT_OK(r0.coord->EndSave(step, Attempt(step), OkStatus()));
     }
     CKPTIO_EXPECT_OK(r1.coord->WaitSaved(150, Attempt(150), milliseconds(2000)));
+
+    // The record is another Checkpointer's (a second one on this store, or
+    // the next one of the job): it says nothing of this save, and the
+    // manifest decides as for any committed step.
+    CKPTIO_ASSERT_OK(r0.coord->BeginSave(300, "j.c2.1", milliseconds(2000)));
+    CKPTIO_ASSERT_OK(r0.coord->EndSave(300, "j.c2.1", OkStatus()));
+    CKPTIO_EXPECT_OK(r1.coord->WaitSaved(170, Attempt(170), milliseconds(2000)));
   }
 }
 
@@ -1112,6 +1119,16 @@ TEST(FileCoordinatorTest, WaitsPollPastAStorageThatDoesNotAnswerForAMoment) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, "step 1");
 
+    // Rank 0's own failure is final, whatever its code: not polled past.
+    CKPTIO_ASSERT_OK(r0.coord->BeginSave(2, AttemptOf(2), milliseconds(2000)));
+    CKPTIO_ASSERT_OK(r0.coord->EndSave(
+        2, AttemptOf(2), Status(Code::kUnavailable, "the NFS server did not answer")));
+    const auto failing = Clock::now();
+    Status failed = r1->WaitSaved(2, AttemptOf(2), milliseconds(5000));
+    EXPECT_EQ(failed.code(), Code::kUnavailable) << failed;
+    EXPECT_NE(failed.message().find("did not answer"), std::string::npos) << failed;
+    EXPECT_LT(Clock::now() - failing, milliseconds(2000)) << "rank 0's failure was polled past";
+
     flaky->failures = -1;
     const auto t0 = Clock::now();
     Status down = r1->WaitSaved(1, attempt, milliseconds(300));
@@ -1125,7 +1142,7 @@ TEST(FileCoordinatorTest, WaitsPollPastAStorageThatDoesNotAnswerForAMoment) {
 }
 
 // Rank 0's failure reaches the waiters however long its message: the save
-// record keeps the first 8 KiB of it (a record over 64 KiB would be ignored
+// record keeps the first 4 KiB of it (a record over 64 KiB would be ignored
 // by every waiter, which then waited for its deadline).
 TEST(FileCoordinatorTest, AFailureWithAHugeMessageStillReachesTheWaiters) {
   TempDir tmp;
@@ -1146,7 +1163,16 @@ TEST(FileCoordinatorTest, AFailureWithAHugeMessageStillReachesTheWaiters) {
   CKPTIO_ASSERT_OK(r0.coord->BeginSave(2, AttemptOf(2), milliseconds(2000)));
   Status again = r1.coord->WaitSaved(1, AttemptOf(1), milliseconds(5000));
   EXPECT_EQ(again.code(), Code::kResourceExhausted) << again.ToString().substr(0, 300);
-  CKPTIO_ASSERT_OK(r0.coord->EndSave(2, AttemptOf(2), OkStatus()));
+  // Two failures in a row (the record holds both messages) of control
+  // characters, which the record escapes to 6 bytes each.
+  const std::string controls(100 << 10, '\x01');
+  CKPTIO_ASSERT_OK(r0.coord->EndSave(2, AttemptOf(2), Status(Code::kInternal, controls)));
+  CKPTIO_ASSERT_OK(r0.coord->BeginSave(3, AttemptOf(3), milliseconds(2000)));
+  CKPTIO_ASSERT_OK(r0.coord->EndSave(3, AttemptOf(3), Status(Code::kInternal, controls)));
+  const auto t1 = Clock::now();
+  Status third = r1.coord->WaitSaved(3, AttemptOf(3), milliseconds(3000));
+  EXPECT_EQ(third.code(), Code::kInternal) << third.ToString().substr(0, 300);
+  EXPECT_LT(Clock::now() - t1, milliseconds(2000)) << "the escaped record grew past the limit";
 }
 
 // Retract deletes a published record (and only it): a waiter no longer
