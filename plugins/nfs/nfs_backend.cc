@@ -460,8 +460,8 @@ class Connection {
   // transport error replaces lease_ctx before the next renewal.
   // Called with `g` (locks_mu) held; the RPCs run without it, so that a
   // release never waits for a renewal stuck on a hung server. Each record
-  // to be written is known (in_flight) before, so a release meanwhile still
-  // recognises the lease file as ours and removes it.
+  // is made known (in_flight) before it is written, so a release meanwhile
+  // still recognises the lease file as ours and removes it.
   void RenewLeases(std::unique_lock<std::mutex>& g) {
     struct Renewal {
       std::string key, path;
@@ -473,14 +473,12 @@ class Connection {
     std::vector<Renewal> renewals;
     for (auto& [key, h] : held) {
       if (h.lost) continue;
-      h.in_flight = LeaseRecord();
       Renewal r;
       r.key = key;
       r.path = h.path;
       r.serial = h.serial;
       r.record = h.record;
       r.pending = h.pending;
-      r.next = h.in_flight;
       renewals.push_back(std::move(r));
     }
     struct nfs_context* on = lease_ctx;
@@ -511,6 +509,20 @@ class Connection {
         r.on_file.assign(buf, static_cast<size_t>(rc));
         // (r.next cannot be there: it was never sent.)
         r.ours = r.on_file == r.record || (!r.pending.empty() && r.on_file == r.pending);
+        // The new record's expiry counts from now, not from before the RPCs;
+        // it is in_flight before it is sent. A lock released meanwhile is
+        // not renewed.
+        if (r.ours) {
+          g.lock();
+          auto it = held.find(r.key);
+          if (it != held.end() && it->second.serial == r.serial) {
+            r.next = LeaseRecord();
+            it->second.in_flight = r.next;
+          } else {
+            r.ours = false;
+          }
+          g.unlock();
+        }
         if (r.ours) {
           rc = nfs_pwrite(on, fh, 0, r.next.size(), r.next.data());
           if (rc == static_cast<int>(r.next.size())) rc = nfs_fsync(on, fh);
