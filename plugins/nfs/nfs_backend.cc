@@ -31,6 +31,8 @@ using nfs_limits::kV4MaxWrite;
 using nfs_limits::kV4WritesInFlight;
 constexpr uint64_t kSnapshotBytes = 1 << 20;
 constexpr uint64_t kLockBytes = 1;  // v4 locks cover byte 0 (a length of 0 is refused)
+// How long a v4 lock's release waits for a renewal's READ under way.
+constexpr std::chrono::milliseconds kRenewalWait{250};
 constexpr int kNf3Reg = 1, kNf3Dir = 2;
 
 int64_t NowMs() {
@@ -363,13 +365,25 @@ class Connection {
     return OkStatus();
   }
 
-  // Held locks, by key; renewed by `keepalive` while any is held.
   // v4 locks each use a connection of their own: libnfs 4.0 loses track
   // of the open-owner sequence after a LOCK (the next OPEN on that context
-  // fails with NFS4ERR_BAD_SEQID).
+  // fails with NFS4ERR_BAD_SEQID). Renewals READ on it without locks_mu;
+  // `mu` (never held across an RPC) says whether one is under way, so a
+  // release waits for it briefly, then leaves the unlock to the renewal
+  // (see NfsLock), never waiting on a hung server for it.
+  struct V4Lock {
+    struct nfs_context* ctx = nullptr;
+    struct nfsfh* fh = nullptr;  // the open file the lock is on
+    std::mutex mu;
+    std::condition_variable idle;  // renewing went false
+    bool renewing = false;         // a READ is under way
+    bool released = false;         // released while renewing: the renewal unlocks
+    bool ended = false;            // unlocked, or being unlocked: no more READs
+    bool broken = false;           // a READ timed out or its connection failed
+  };
+  // Held locks, by key; renewed by `keepalive` while any is held.
   struct Held {
-    struct nfs_context* ctx = nullptr;  // v4: the lock's own connection
-    struct nfsfh* fh = nullptr;         // v4: the open file the lock is on
+    std::shared_ptr<V4Lock> v4;
     std::string path;
     uint64_t serial = 0;           // tells a lock from a later one of the same key
     std::string record;            // v3: our lease record, as the lease file holds it
@@ -386,6 +400,24 @@ class Connection {
     if (keepalive.joinable()) return;
     keepalive = std::thread([this] { KeepaliveLoop(); });
   }
+  // Unlocks, closes and disconnects a v4 lock (once, by whoever set ended
+  // or saw released). A server that just timed out on the data connection
+  // is given one second to unlock (not timeout_ms per call); one whose READ
+  // failed is not asked. Unanswered, the lock ends with this client's lease
+  // (a holder that is alive but was slow unlocks in time).
+  void EndV4Lock(V4Lock& l) const {
+    bool ok = false;
+    if (!l.broken) {
+      if (InQuiet()) nfs_set_timeout(l.ctx, 1000);
+      struct nfs4_flock fl {};
+      fl.l_type = F_UNLCK;
+      fl.l_whence = SEEK_SET;
+      fl.l_len = kLockBytes;
+      ok = nfs_fcntl(l.ctx, l.fh, NFS4_F_SETLK, &fl) == 0;
+      ok = ok && nfs_close(l.ctx, l.fh) == 0;
+    }
+    ReleaseContext(l.ctx, !ok);
+  }
   std::string LeaseRecord() const {
     return "ckptio-lease owner=" + options.client_name +
            " expires_ms=" + std::to_string(NowMs() + options.lease.count()) + "\n";
@@ -399,7 +431,7 @@ class Connection {
   size_t max_write = kWriteBuffer;
   size_t writes_in_flight = 1;  // WRITEs of max_write bytes sent at once
   FairMutex mu;                 // ctx, retired, failed, stranded, reconnects; every call on them
-  std::mutex locks_mu;          // held, stop, lease_ctx, lease_failed; the v4 lock connections
+  std::mutex locks_mu;          // held, stop, lease_ctx, lease_failed
   std::map<std::string, Held> held;
   struct nfs_context* lease_ctx = nullptr;  // v3: see RefreshLeaseConnection
   bool lease_failed = false;                // lease_ctx saw a transport error
@@ -427,11 +459,11 @@ class Connection {
       wake.wait_for(g, period, [&] { return stop; });
       if (stop) break;
       if (options.version == 4) {
-        for (auto& [key, h] : held) {
-          // Any READ with the open stateid renews the client's lease.
-          char byte;
-          (void)nfs_pread(h.ctx, h.fh, 0, 1, &byte);
-        }
+        std::vector<std::shared_ptr<V4Lock>> locks;
+        for (auto& [key, h] : held) locks.push_back(h.v4);
+        g.unlock();
+        for (auto& l : locks) RenewV4(*l);
+        g.lock();
         continue;
       }
       // v3: on the lease connection, never waiting for mu.
@@ -445,6 +477,29 @@ class Connection {
       }
       RenewLeases(g);
     }
+  }
+
+  // Any READ with the open stateid renews the client's lease (run without
+  // locks_mu). A lock released during the READ is unlocked here after it.
+  void RenewV4(V4Lock& l) {
+    {
+      std::lock_guard<std::mutex> s(l.mu);
+      if (l.ended) return;
+      l.renewing = true;
+    }
+    char byte;
+    const int rc = nfs_pread(l.ctx, l.fh, 0, 1, &byte);
+    const Kind kind = rc < 0 ? Classify(rc, nfs_get_error(l.ctx)) : Kind::kOther;
+    bool end;
+    {
+      std::lock_guard<std::mutex> s(l.mu);
+      l.renewing = false;
+      l.broken = l.broken || kind == Kind::kTimeout || kind == Kind::kTransport;
+      end = l.released;
+      l.ended = l.ended || end;
+    }
+    l.idle.notify_all();
+    if (end) EndV4Lock(l);
   }
 
   // Rewrites each v3 lease file that still holds our record, on lease_ctx,
@@ -882,27 +937,37 @@ class NfsLock : public BackendLock {
   NfsLock(std::shared_ptr<Connection> c, std::string key)
       : c_(std::move(c)), key_(std::move(key)) {}
   ~NfsLock() override {
-    // v3 lease files are on the main connection; v4 locks on their own.
-    std::unique_lock<FairMutex> m(c_->mu, std::defer_lock);
-    if (c_->options.version == 3) m.lock();
+    if (c_->options.version == 4) {
+      std::shared_ptr<Connection::V4Lock> l;
+      {
+        std::lock_guard<std::mutex> g(c_->locks_mu);
+        auto it = c_->held.find(key_);
+        if (it == c_->held.end()) return;
+        l = std::move(it->second.v4);
+        c_->held.erase(it);
+      }
+      // A renewal's READ under way on the lock's connection: waited for
+      // briefly (a server answers it in milliseconds; one that just timed
+      // out will not), else it unlocks.
+      {
+        const auto wait = c_->InQuiet() ? std::chrono::milliseconds(0) : kRenewalWait;
+        std::unique_lock<std::mutex> s(l->mu);
+        if (!l->idle.wait_for(s, wait, [&] { return !l->renewing; })) {
+          l->released = true;
+          return;
+        }
+        l->ended = true;
+      }
+      c_->EndV4Lock(*l);
+      return;
+    }
+    // v3: lease files are on the main connection.
+    std::lock_guard<FairMutex> m(c_->mu);
     std::lock_guard<std::mutex> g(c_->locks_mu);
     auto it = c_->held.find(key_);
     if (it == c_->held.end()) return;
     Connection::Held& h = it->second;
-    if (h.ctx) {  // v4: unlock, close, disconnect
-      // A server that just timed out on the data connection is given one
-      // second to unlock (not timeout_ms per call); if it does not, the lock
-      // ends with this client's lease (a holder that is alive but was slow
-      // unlocks in time).
-      if (c_->InQuiet()) nfs_set_timeout(h.ctx, 1000);
-      struct nfs4_flock fl {};
-      fl.l_type = F_UNLCK;
-      fl.l_whence = SEEK_SET;
-      fl.l_len = kLockBytes;
-      bool ok = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl) == 0;
-      ok = ok && nfs_close(h.ctx, h.fh) == 0;
-      ReleaseContext(h.ctx, !ok);
-    } else if (!h.lost) {  // v3: remove the lease file if it is still ours
+    if (!h.lost) {  // remove the lease file if it is still ours
       std::string now;
       if (c_->EnsureConnected().ok() && c_->ReadSmallFile(h.path, &now).ok() && h.Ours(now))
         (void)nfs_unlink(c_->ctx, h.path.c_str());
@@ -1144,24 +1209,26 @@ class NfsBackend : public StorageBackend {
       CKPTIO_RETURN_IF_ERROR(c_->RefreshLeaseConnection());
       CKPTIO_RETURN_IF_ERROR(TakeLease(path, &h.record));
     } else {
+      h.v4 = std::make_shared<Connection::V4Lock>();
+      Connection::V4Lock& v = *h.v4;
       std::string export_path = c_->export_path;
       CKPTIO_ASSIGN_OR_RETURN(
-          h.ctx,
+          v.ctx,
           Connect(c_->options, c_->options.client_name + ".lock" + std::to_string(c_->counter++),
                   &export_path));
       auto close_all = [&] {
-        const bool ok = !h.fh || nfs_close(h.ctx, h.fh) == 0;
-        ReleaseContext(h.ctx, !ok || c_->failed.count(h.ctx) > 0);
+        const bool ok = !v.fh || nfs_close(v.ctx, v.fh) == 0;
+        ReleaseContext(v.ctx, !ok || c_->failed.count(v.ctx) > 0);
       };
       // (libnfs 4.0 treats O_CREAT on v4 as an exclusive create: open, else
       // create, else open what a racing creator made.)
-      int rc = nfs_open(h.ctx, path.c_str(), O_RDWR, &h.fh);
+      int rc = nfs_open(v.ctx, path.c_str(), O_RDWR, &v.fh);
       if (rc == -ENOENT)
-        rc = nfs_open2(h.ctx, path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644, &h.fh);
-      if (rc == -EEXIST) rc = nfs_open(h.ctx, path.c_str(), O_RDWR, &h.fh);
+        rc = nfs_open2(v.ctx, path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644, &v.fh);
+      if (rc == -EEXIST) rc = nfs_open(v.ctx, path.c_str(), O_RDWR, &v.fh);
       if (rc < 0) {
-        Status s = c_->ErrorOn(h.ctx, rc, "open lock file " + path);
-        h.fh = nullptr;
+        Status s = c_->ErrorOn(v.ctx, rc, "open lock file " + path);
+        v.fh = nullptr;
         close_all();
         return s;
       }
@@ -1169,13 +1236,13 @@ class NfsBackend : public StorageBackend {
       fl.l_type = mode == LockMode::kExclusive ? F_WRLCK : F_RDLCK;
       fl.l_whence = SEEK_SET;
       fl.l_len = kLockBytes;
-      rc = nfs_fcntl(h.ctx, h.fh, NFS4_F_SETLK, &fl);
+      rc = nfs_fcntl(v.ctx, v.fh, NFS4_F_SETLK, &fl);
       if (rc < 0) {
         // NFS4ERR_DENIED: somebody else holds it (not a failed connection).
-        const bool denied = LockDenied(nfs_get_error(h.ctx));
+        const bool denied = LockDenied(nfs_get_error(v.ctx));
         Status s = denied ? Status(Code::kFailedPrecondition,
                                    path + " is locked by another client (" + c_->uri + ")")
-                          : c_->ErrorOn(h.ctx, rc, "lock " + path);
+                          : c_->ErrorOn(v.ctx, rc, "lock " + path);
         close_all();
         return s;
       }

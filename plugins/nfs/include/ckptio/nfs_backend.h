@@ -52,9 +52,9 @@
 // reconnect stays off); writers and readers opened on the broken one fail.
 // After a timeout, or a fresh mount that timed out, no mount is tried for
 // timeout_ms: the calls that clean up after a failed save fail at once, so
-// a server that hangs mid-save fails it after one timeout_ms, or on v4 two
-// when a lock renewal was already waiting on it (the lock's release waits;
-// v3 renewals run without holding up a release). libnfs
+// a server that hangs mid-save fails it after one timeout_ms (lock renewals
+// run without holding up a release; a v4 lock released during its own
+// renewal is unlocked by the renewal once it ends). libnfs
 // 4.0 reports an NFSv3 READ or WRITE the server refused as EFAULT too; a
 // GETATTR on the file tells that apart from a broken connection, and a
 // refused WRITE on a server without space is ResourceExhausted.
