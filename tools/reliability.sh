@@ -95,7 +95,8 @@ HEAD
 
 Sanitizers: AddressSanitizer and UndefinedBehaviorSanitizer run the whole
 suite; ThreadSanitizer runs the lock and coordination tests (store, writer
-lock, coordination, POSIX backend conformance with threads).
+lock, coordination, POSIX backend conformance with threads, and the NFS
+lock tests: v4 renewals and releases, v3 leases).
 
 ## Limits of the model
 

@@ -2,8 +2,8 @@
 # Builds ckptio (installing missing Debian packages) and runs the whole test
 # suite with ctest: first the normal build (./build), then the same tests
 # built with AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan).
-# Then the lock and coordination tests under ThreadSanitizer (./build-tsan),
-# the suite built against LibTorch 2.6 in a Debian trixie chroot
+# Then the lock and coordination tests (NFS locks too) under ThreadSanitizer
+# (./build-tsan), the suite built against LibTorch 2.6 in a Debian trixie chroot
 # (tools/torch2-check.sh; root only, made once and kept), and the libFuzzer
 # targets (tools/fuzz.sh) for a bounded time each.
 # Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass, CKPTIO_TORCH2=0 to skip
@@ -74,8 +74,11 @@ if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   [ -f "$tsan/build.ninja" ] || cmake -S "$CKPTIO_ROOT" -B "$tsan" -G Ninja -DCKPTIO_SANITIZE=thread >/dev/null
   echo "setup: building the tsan-labelled tests into $tsan"
   cmake --build "$tsan" --target posix_backend_test store_test writer_lock_test coordination_test \
-    -- -j"$(nproc)"
+    nfs_backend_test -- -j"$(nproc)"
   TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (locks, coordination)" -L tsan "$@"
+  # The NFS lock tests: v4 renewals and releases, v3 leases, on their threads.
+  TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (NFS locks)" -L nfs \
+    -R 'Lock|Lease|Renew|Release' "$@"
 fi
 if [ "${CKPTIO_TORCH2:-1}" != 0 ]; then
   # The same suite built against LibTorch 2.6 in a Debian trixie chroot.
