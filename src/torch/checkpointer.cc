@@ -587,6 +587,11 @@ Result<std::string> ScopeFor(const RankInfo& rank, const CheckpointerOptions& op
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, const RankInfo& rank,
                                                          CheckpointerOptions options) {
   CKPTIO_RETURN_IF_ERROR(rank.Validate());
+  // (c10d takes a wait of 0 ms for "no timeout": a wait must end.)
+  if (options.timeout.count() <= 0)
+    return Status(Code::kInvalidArgument,
+                  "CheckpointerOptions::timeout is " + std::to_string(options.timeout.count()) +
+                      " ms; it bounds every wait, so it must be at least 1 ms");
   std::unique_ptr<Checkpointer> c(new Checkpointer());
   c->rank_ = rank;
   c->options_ = std::move(options);

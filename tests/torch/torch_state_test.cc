@@ -857,6 +857,25 @@ TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
   EXPECT_EQ(flaky->failures, 0);
 }
 
+// Every wait ends: a timeout of 0 (which c10d takes for "wait for ever") or
+// less is refused at Open, in every wait mode.
+TEST(TorchStateTest, ATimeoutThatWouldNeverEndIsRefused) {
+  TempDir dir;
+  auto served = testing::ConnectTcpStore(0, true);
+  for (auto mode : {WaitMode::kManifest, WaitMode::kStore}) {
+    for (auto ms : {0, -5}) {
+      CheckpointerOptions o;
+      o.wait = mode;
+      o.c10d_store = served;
+      o.timeout = std::chrono::milliseconds(ms);
+      auto c = Checkpointer::Open(dir.Sub("store"), RankOfTwo(1, "timeout-test"), o);
+      ASSERT_FALSE(c.ok()) << "a timeout of " << ms << " ms was accepted";
+      EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status();
+      EXPECT_NE(c.status().message().find("at least 1 ms"), std::string::npos) << c.status();
+    }
+  }
+}
+
 // kStore: a Checkpointer's scope is counted in the c10d store, not named by
 // the store object's address. A trainer that reopens its Checkpointers with
 // a new store client on one rank and the old object on another (or gets a
