@@ -927,6 +927,16 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
         auto payload = coordinator_->WaitFor(receipt_of(r), left);
         if (!payload.ok()) {
           every_receipt = false;
+          // (The wait's own message gives what was left of the deadline:
+          // 1 ms for a rank after one that came late.)
+          if (payload.status().code() == Code::kDeadlineExceeded)
+            return Status(Code::kDeadlineExceeded,
+                          "timed out waiting for " + whose + ": none came within " +
+                              std::to_string(options_.timeout.count()) +
+                              " ms (CheckpointerOptions::timeout) of rank 0 writing its own "
+                              "part; is rank " +
+                              std::to_string(r) + " alive, and saving step " +
+                              std::to_string(step) + "?");
           return payload.status().WithContext("waiting for " + whose);
         }
         if (auto e = PayloadError(*payload)) return e->WithContext(whose + " failed");

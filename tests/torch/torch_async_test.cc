@@ -86,20 +86,24 @@ class AsyncSaveTest : public ::testing::Test {
     return c.ok() ? std::move(*c) : nullptr;
   }
 
-  // Ranks 0 and 1 of a job of two, as two Checkpointers of this process
-  // over the manifest signal (rank 0 through `rank0_backend` when given).
-  // Rank r of a job of two ranks, on `store`.
-  static std::unique_ptr<Checkpointer> RankOfTwo(int r, const std::string& job,
-                                                 const std::string& store, CheckpointerOptions o) {
+  // Rank r of a job of `world` ranks, on `store`.
+  static std::unique_ptr<Checkpointer> RankOf(int r, int world, const std::string& job,
+                                              const std::string& store, CheckpointerOptions o) {
     RankInfo rank;
-    rank.world_size = rank.local_world_size = 2;
+    rank.world_size = rank.local_world_size = world;
     rank.rank = rank.local_rank = r;
     rank.job_id = job;
     auto c = Checkpointer::Open(store, rank, std::move(o));
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
+  static std::unique_ptr<Checkpointer> RankOfTwo(int r, const std::string& job,
+                                                 const std::string& store, CheckpointerOptions o) {
+    return RankOf(r, 2, job, store, std::move(o));
+  }
 
+  // Ranks 0 and 1 of a job of two, as two Checkpointers of this process
+  // over the manifest signal (rank 0 through `rank0_backend` when given).
   std::pair<std::unique_ptr<Checkpointer>, std::unique_ptr<Checkpointer>> TwoRanks(
       const std::string& job, bool stripe, std::shared_ptr<StorageBackend> rank0_backend = {}) {
     CheckpointerOptions o;
@@ -501,6 +505,33 @@ TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
     EXPECT_EQ(s1.code(), s0.code()) << s1;
     EXPECT_LT(took, 10s) << "rank 1 waited for its own deadline";
   }
+}
+
+// A striped save whose rank 2 never saves: rank 0's error names rank 2 and
+// the save's timeout, even though rank 1's part came late and left the wait
+// for rank 2 only what remained of the deadline.
+TEST_F(AsyncSaveTest, AMissingStripeIsReportedWithTheSavesTimeout) {
+  auto open = [&](int r) {
+    CheckpointerOptions o;
+    o.timeout = 2000ms;
+    o.stripe = true;
+    return RankOf(r, 3, "stripe-missing-test", dir_.Sub("store"), o);
+  };
+  auto c0 = open(0), c1 = open(1);
+  ASSERT_TRUE(c0 && c1);
+  Net net;
+  State state{{"model", net}};
+  Status s1;
+  std::thread rank1([&] {
+    std::this_thread::sleep_for(1500ms);  // late, but in time
+    s1 = c1->Save(1, state);
+  });
+  Status s0 = c0->Save(1, state);
+  rank1.join();
+  EXPECT_EQ(s0.code(), Code::kDeadlineExceeded) << s0;
+  EXPECT_NE(s0.message().find("rank 2's stripe"), std::string::npos) << s0;
+  EXPECT_NE(s0.message().find("within 2000 ms"), std::string::npos) << s0;
+  EXPECT_FALSE(s1.ok()) << "rank 1 saw a save commit without rank 2's part";
 }
 
 // In a striped save rank 0 waits for every rank's part. A rank that gives
