@@ -138,15 +138,20 @@ class FileCoordinator : public Coordinator {
         return Failure(*record, "", step);
       CKPTIO_RETURN_IF_ERROR(EndedEarlier(*record, step, attempt));
     }
-    if (mode_ != WaitMode::kFileLock) return false;
+    // The lock says whether rank 0 is alive only once it is inside this
+    // save. Taken before that, by many waiters in turn, it would keep rank
+    // 0 from getting it (POSIX locks are not fair).
+    if (mode_ != WaitMode::kFileLock || !record.ok() || !Mine(*record, step, attempt) ||
+        Field(*record, "state") != "saving")
+      return false;
     auto lock = backend_->TryLock(kSaveLockKey, LockMode::kShared);
     if (!lock.ok()) {
       if (lock.status().code() == Code::kFailedPrecondition) return false;  // rank 0 is saving
       return lock.status();
     }
-    // We hold the shared lock, so rank 0 is not inside a save: it has not
-    // started this one, has finished it, or died. Decide before releasing
-    // the lock, or rank 0 could start the save and look dead.
+    // We hold the shared lock, so rank 0 is no longer inside this save: it
+    // finished it (the record, read again, says how) or died. Decide before
+    // releasing the lock, or rank 0 could start its next save and look dead.
     record = ReadRecord(kSaveRecordKey, kSaveFormat);
     CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt, record));
     lock->reset();

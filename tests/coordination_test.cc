@@ -1070,6 +1070,51 @@ TEST(FileCoordinatorTest, AStepBelowLatestIsCommittedOnlyOnceRankZeroSaysSo) {
   }
 }
 
+// Counts the shared save-lock tries of a waiter.
+class CountingLocks : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    if (mode == LockMode::kShared) ++shared_tries;
+    return ForwardingBackend::TryLock(key, mode);
+  }
+  std::atomic<int> shared_tries{0};
+};
+
+// File-lock mode: a waiter takes the shared save lock (to see whether rank
+// 0 died inside the save) only once rank 0's record says it is saving this
+// attempt. Before that the lock tells it nothing, and many waiters taking
+// it in turn would keep rank 0 from ever getting it exclusively (POSIX
+// locks are not fair). Once rank 0 is inside the save, the lock still
+// tells a waiter that rank 0 died.
+TEST(FileCoordinatorTest, WaitersTakeTheSaveLockOnlyOnceRankZeroIsSaving) {
+  TempDir tmp;
+  const std::string job = NewJobId();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto b0, NewPosixBackend(tmp.Sub("store")));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto b1, NewPosixBackend(tmp.Sub("store")));
+  auto counting = std::make_shared<CountingLocks>(std::move(b1));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(
+      auto rank0, NewFileCoordinator(std::move(b0), MakeRank(0, job), WaitMode::kFileLock));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto rank1,
+                              NewFileCoordinator(counting, MakeRank(1, job), WaitMode::kFileLock));
+  for (int i = 0; i < 20; ++i) {
+    auto polled = rank1->PollSaved(1, AttemptOf(1));
+    ASSERT_TRUE(polled.ok()) << polled.status();
+    EXPECT_FALSE(*polled);
+  }
+  EXPECT_EQ(counting->shared_tries.load(), 0)
+      << "a waiter took the save lock before rank 0 began the save";
+
+  CKPTIO_ASSERT_OK(rank0->BeginSave(1, AttemptOf(1), milliseconds(2000)));
+  auto polled = rank1->PollSaved(1, AttemptOf(1));
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_FALSE(*polled);
+  EXPECT_GT(counting->shared_tries.load(), 0) << "the waiter no longer checks on rank 0";
+  rank0.reset();  // dies inside the save: the lock goes, the record stays "saving"
+  polled = rank1->PollSaved(1, AttemptOf(1));
+  EXPECT_EQ(polled.status().code(), Code::kAborted) << polled.status();
+}
+
 // Fails reads of LATEST and of published records with UNAVAILABLE (as an
 // NFS backend does for timeout_ms after a call got no answer) while
 // `failures` lasts; -1: for ever.

@@ -21,15 +21,15 @@
 //   kManifest  waiters poll LATEST by opening and reading it (never stat or
 //              mtime, which lie on NFS), backing off from 1 ms to 50 ms.
 //   kFileLock  rank 0 holds an exclusive fcntl lock on <store>/.save-lock for
-//              the whole save; waiters poll a shared lock on it. If they get
-//              the shared lock while rank 0's save record (written under the
-//              exclusive lock) names this attempt as in progress, rank 0
-//              died: they fail at once ("writer died before committing step
-//              N"), not at the deadline. A waiter arriving before rank 0 took
-//              the lock finds no such record and waits. If rank 0 dies after
-//              taking the lock but before its record is durable (a few ms),
-//              waiters cannot tell that from "not started yet" and end at the
-//              deadline instead.
+//              the whole save. Once rank 0's save record (written under it)
+//              names this attempt as in progress, waiters poll a shared lock
+//              on it (never before: fcntl locks are not fair, and many
+//              waiters taking it in turn would starve rank 0). If they get it
+//              while the record still says so, rank 0 died: they fail at once
+//              ("writer died before committing step N"), not at the deadline.
+//              If rank 0 dies after taking the lock but before its record is
+//              durable (a few ms), waiters cannot tell that from "not started
+//              yet" and end at the deadline instead.
 //   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so
