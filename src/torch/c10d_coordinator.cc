@@ -42,15 +42,16 @@ class C10dCoordinator : public Coordinator {
     return true;
   }
 
+  // Waits poll with check() (see Coordinator::Backoff), never with the
+  // store's wait(): LibTorch 1.13's TCPStore client holds its one lock for
+  // a whole wait(), so the trainer's own calls on the same client would
+  // stall for the length of a save; and a wait() that times out leaves its
+  // answer on the socket, to be read as the answer to the next call.
   Status WaitSaved(int64_t step, std::string_view attempt,
                    std::chrono::milliseconds timeout) override {
-    Status waited = Call("waiting for step " + std::to_string(step), [&] {
-      store_->wait({SaveKey(step, attempt)}, timeout);
-      return OkStatus();
-    });
-    if (!waited.ok())
-      return WaitError(waited, timeout, "rank 0 to commit step " + std::to_string(step));
-    return Outcome(step, attempt);
+    Status s = Coordinator::WaitSaved(step, attempt, timeout);
+    if (!FromStore(s)) return s;
+    return Lost(s, "rank 0 to commit step " + std::to_string(step));
   }
 
   Status Publish(const std::string& name, const std::string& payload) override {
@@ -61,14 +62,23 @@ class C10dCoordinator : public Coordinator {
   }
 
   Result<std::string> WaitFor(const std::string& name, std::chrono::milliseconds timeout) override {
-    std::string value;
-    Status s = Call("waiting for " + name, [&] {
-      store_->wait({DecisionKey(name)}, timeout);
-      value = Text(store_->get(DecisionKey(name)));
-      return OkStatus();
-    });
-    if (!s.ok()) return WaitError(s, timeout, "\"" + name + "\" to be published");
-    return value;
+    const std::string what = "\"" + name + "\" to be published";
+    Backoff backoff(DeadlineAfter(timeout));
+    while (true) {
+      bool present = false;
+      std::string value;
+      Status s = Call("waiting for " + name, [&] {
+        present = store_->check({DecisionKey(name)});
+        if (present) value = Text(store_->get(DecisionKey(name)));
+        return OkStatus();
+      });
+      if (!s.ok()) return Lost(s, what);
+      if (present) return value;
+      if (!backoff.Wait())
+        return Status(Code::kDeadlineExceeded,
+                      "timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
+                          what + " (wait mode c10d-store)");
+    }
   }
 
   Status Retract(const std::string& name) override {
@@ -79,18 +89,15 @@ class C10dCoordinator : public Coordinator {
   }
 
  private:
-  // A timeout is DeadlineExceeded; anything else (the store's server went
-  // away) is Unavailable and says so, instead of claiming a timeout.
-  static Status WaitError(const Status& s, std::chrono::milliseconds timeout,
-                          const std::string& what) {
-    const std::string& m = s.message();
-    if (m.find("imeout") != std::string::npos || m.find("timed out") != std::string::npos)
-      return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
-                                                 " ms waiting for " + what +
-                                                 " (wait mode c10d-store): " + m);
+  // A failed call on the store (not rank 0's failure, which it carries):
+  // the store's server went away.
+  static bool FromStore(const Status& s) {
+    return s.code() == Code::kUnavailable && s.message().rfind(kCallError, 0) == 0;
+  }
+  static Status Lost(const Status& s, const std::string& what) {
     return Status(Code::kUnavailable,
                   "lost the c10d store while waiting for " + what +
-                      " (did rank 0, or the agent serving the store, die?): " + m);
+                      " (did rank 0, or the agent serving the store, die?): " + s.message());
   }
 
   // The attempt names the job, the Checkpointer and the save: a store that
@@ -123,12 +130,16 @@ class C10dCoordinator : public Coordinator {
                       (b == std::string::npos ? value : value.substr(b + 1)));
   }
 
+  static constexpr const char* kCallError = "c10d store: ";
+  // UNAVAILABLE for an exception of the store (its first line: LibTorch
+  // appends a stack trace).
   template <typename Fn>
   Status Call(const std::string& what, Fn&& fn) {
     try {
       return fn();
     } catch (const std::exception& e) {
-      return Status(Code::kUnavailable, "c10d store: " + what + ": " + e.what());
+      const std::string text = e.what();
+      return Status(Code::kUnavailable, kCallError + what + ": " + text.substr(0, text.find('\n')));
     }
   }
 

@@ -991,7 +991,7 @@ Result<bool> Checkpointer::Ticket::Poll() {
 
 Status Checkpointer::Ticket::Wait() {
   if (!resolved_) {
-    const auto left = std::max(std::chrono::milliseconds(1),  // 0 is "no timeout" to c10d
+    const auto left = std::max(std::chrono::milliseconds(1),
                                std::chrono::duration_cast<std::chrono::milliseconds>(
                                    deadline_ - std::chrono::steady_clock::now()));
     Status s = owner_->coordinator_->WaitSaved(step_, attempt_, left);

@@ -919,6 +919,51 @@ TEST(TorchStateTest, C10dScopesAgreeWhenARankMakesANewStoreClient) {
   EXPECT_EQ((*got1)->step, 10);
 }
 
+// kStore: a rank waiting for rank 0 (here SaveAsync's thread, for the
+// commit) polls the c10d store with check(), so the trainer's own calls on
+// the same client go through meanwhile (LibTorch 1.13's TCPStore client
+// holds its lock for a whole wait()). And a wait that timed out leaves the
+// client usable once its key comes (a 1.13 wait() that timed out leaves its
+// answer on the socket, read as the answer to the next call).
+TEST(TorchStateTest, AWaitingRankLeavesTheC10dStoreToTheTrainer) {
+  TempDir dir;
+  auto served = testing::ConnectTcpStore(0, true);
+  auto client = testing::ConnectTcpStore(served->getPort(), false);
+  const std::vector<uint8_t> mine{7, 8, 9};
+  client->set("trainer/key", mine);
+  auto trainer_get = [&]() -> std::string {
+    try {
+      return client->get("trainer/key") == mine ? "ok" : "a wrong value";
+    } catch (const std::exception& e) {
+      const std::string text = e.what();
+      return text.substr(0, text.find('\n'));  // (LibTorch appends a stack trace)
+    }
+  };
+  CheckpointerOptions o;
+  o.wait = WaitMode::kStore;
+  o.timeout = std::chrono::milliseconds(1500);
+  o.c10d_store = served;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto ck0,
+                              Checkpointer::Open(dir.Sub("store"), RankOfTwo(0, "c10d-free"), o));
+  o.c10d_store = client;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto ck1,
+                              Checkpointer::Open(dir.Sub("store"), RankOfTwo(1, "c10d-free"), o));
+  torch::Tensor t = torch::full({4}, 1.0f);
+  State s{{"t", t}};
+  auto saving = ck1->SaveAsync(1, s);  // rank 0 is not saving: it times out
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(trainer_get(), "ok");
+  const int64_t took_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_LT(took_ms, 500) << "the trainer's call waited for the rank's wait";
+  EXPECT_EQ(saving.get().code(), Code::kDeadlineExceeded);
+  CKPTIO_ASSERT_OK(ck0->Save(1, s));  // the key the timed-out wait waited for
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(trainer_get(), "ok") << "after a timed-out wait, the store client is out of step";
+}
+
 // Deletes step `retire` (manifest first, as retention does) when its first
 // object other than the manifest is opened: retired between the read of its
 // manifest and of its tensors.
