@@ -571,8 +571,9 @@ Result<std::string> ScopeFor(const RankInfo& rank, const CheckpointerOptions& op
           options.c10d_store->add("ckptio/opened/" + job + "/" + std::to_string(rank.rank), 1);
       return job + ".c" + std::to_string(n);
     } catch (const std::exception& e) {
-      return Status(Code::kUnavailable,
-                    std::string("c10d store: counting this rank's Checkpointers: ") + e.what());
+      const std::string text = e.what();  // (LibTorch appends a stack trace)
+      return Status(Code::kUnavailable, "c10d store: counting this rank's Checkpointers: " +
+                                            text.substr(0, text.find('\n')));
     }
   }
   static std::mutex mu;
