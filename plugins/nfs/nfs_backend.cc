@@ -402,13 +402,14 @@ class Connection {
   }
   // Unlocks, closes and disconnects a v4 lock (once, by whoever set ended
   // or saw released). A server that just timed out on the data connection
-  // is given one second to unlock (not timeout_ms per call); one whose READ
+  // is given one second per call (not timeout_ms), as is the renewal thread
+  // (`by_renewal`: the other locks' renewals wait for it); one whose READ
   // failed is not asked. Unanswered, the lock ends with this client's lease
   // (a holder that is alive but was slow unlocks in time).
-  void EndV4Lock(V4Lock& l) const {
+  void EndV4Lock(V4Lock& l, bool by_renewal) const {
     bool ok = false;
     if (!l.broken) {
-      if (InQuiet()) nfs_set_timeout(l.ctx, 1000);
+      if (by_renewal || InQuiet()) nfs_set_timeout(l.ctx, 1000);
       struct nfs4_flock fl {};
       fl.l_type = F_UNLCK;
       fl.l_whence = SEEK_SET;
@@ -499,7 +500,7 @@ class Connection {
       l.ended = l.ended || end;
     }
     l.idle.notify_all();
-    if (end) EndV4Lock(l);
+    if (end) EndV4Lock(l, /*by_renewal=*/true);
   }
 
   // Rewrites each v3 lease file that still holds our record, on lease_ctx,
@@ -958,7 +959,7 @@ class NfsLock : public BackendLock {
         }
         l->ended = true;
       }
-      c_->EndV4Lock(*l);
+      c_->EndV4Lock(*l, /*by_renewal=*/false);
       return;
     }
     // v3: lease files are on the main connection.

@@ -870,28 +870,31 @@ TEST_P(NfsV3Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
 TEST_P(NfsV4Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
   const auto test_thread = std::this_thread::get_id();
   std::atomic<bool> stuck{false};
-  auto holder = Backend("lease_ms=1000&timeout_ms=10000");  // renewed every 333 ms
+  auto holder = Backend("lease_ms=3000&timeout_ms=10000");  // renewed every second
   ASSERT_TRUE(holder);
-  auto first = holder->TryLock("a");  // renewed first (the table is sorted)
-  auto second = holder->TryLock("b");
-  ASSERT_TRUE(first.ok()) << first.status();
-  ASSERT_TRUE(second.ok()) << second.status();
   {
     nfs_hooks::Hooks h;
-    // A renewal's READ (on the keepalive thread): no answer for 3 s, once.
+    // The first renewal's first READ (on the keepalive thread, a second
+    // after the first lock is taken): no answer for 3 s.
     h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
       if (std::this_thread::get_id() != test_thread && !stuck.exchange(true))
         std::this_thread::sleep_for(milliseconds(3000));
       return nfs_hooks::RealPread(n, fh, off, count, buf);
     };
     nfs_hooks::Scope scope(h);
+    auto first = holder->TryLock("a");  // renewed first (the table is sorted)
+    auto second = holder->TryLock("b");
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_TRUE(second.ok()) << second.status();
+    ASSERT_FALSE(stuck) << "a renewal began before both locks were taken";
     const auto t0 = Clock::now();
     while (!stuck && Clock::now() - t0 < milliseconds(5000))
       std::this_thread::sleep_for(milliseconds(5));
     ASSERT_TRUE(stuck) << "no renewal within 5 s";
     auto released = Clock::now();
     second->reset();
-    EXPECT_LT(MsSince(released), 100) << "releasing a lock waited for another lock's stuck renewal";
+    EXPECT_LT(MsSince(released), 1000)
+        << "releasing a lock waited for another lock's stuck renewal";
     auto taken = backend_->TryLock("b");
     EXPECT_TRUE(taken.ok()) << "the released lock is still held: " << taken.status();
     if (taken.ok()) taken->reset();

@@ -53,8 +53,9 @@
 // After a timeout, or a fresh mount that timed out, no mount is tried for
 // timeout_ms: the calls that clean up after a failed save fail at once, so
 // a server that hangs mid-save fails it after one timeout_ms (lock renewals
-// run without holding up a release; a v4 lock released during its own
-// renewal is unlocked by the renewal once it ends). libnfs
+// run without holding up a release: a v4 lock's release waits at most
+// 250 ms for its own renewal, none after a timeout, then leaves the unlock
+// to it). libnfs
 // 4.0 reports an NFSv3 READ or WRITE the server refused as EFAULT too; a
 // GETATTR on the file tells that apart from a broken connection, and a
 // refused WRITE on a server without space is ResourceExhausted.
@@ -67,8 +68,8 @@
 // and reader, taken one RPC (or a few) at a time in arrival order: a large
 // Append goes a WRITE at a time (v4: a batch of 64) and a large ReadAt at
 // most 16 READs (of the server's maximum size) at a time, so other calls
-// never wait for a whole object. v3 lease renewal has a connection of its
-// own.
+// never wait for a whole object. v3 lease renewals, and each v4 lock, have
+// a connection of their own.
 #ifndef CKPTIO_NFS_BACKEND_H_
 #define CKPTIO_NFS_BACKEND_H_
 
