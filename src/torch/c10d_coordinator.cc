@@ -31,27 +31,22 @@ class C10dCoordinator : public Coordinator {
     });
   }
 
+  // Waits poll with check() (Coordinator::WaitSaved's loop, and WaitFor's),
+  // never with the store's wait(): LibTorch 1.13's TCPStore client holds its
+  // one lock for a whole wait(), so the trainer's own calls on the same
+  // client would stall for the length of a save; and a wait() that times
+  // out leaves its answer on the socket, to be read as the answer to the
+  // next call.
   Result<bool> PollSaved(int64_t step, std::string_view attempt) override {
     bool present = false;
-    CKPTIO_RETURN_IF_ERROR(Call("checking step " + std::to_string(step), [&] {
+    Status s = Call("checking step " + std::to_string(step), [&] {
       present = store_->check({SaveKey(step, attempt)});
       return OkStatus();
-    }));
+    });
+    if (!s.ok()) return Lost(s, "rank 0 to commit step " + std::to_string(step));
     if (!present) return false;
     CKPTIO_RETURN_IF_ERROR(Outcome(step, attempt));
     return true;
-  }
-
-  // Waits poll with check() (see Coordinator::Backoff), never with the
-  // store's wait(): LibTorch 1.13's TCPStore client holds its one lock for
-  // a whole wait(), so the trainer's own calls on the same client would
-  // stall for the length of a save; and a wait() that times out leaves its
-  // answer on the socket, to be read as the answer to the next call.
-  Status WaitSaved(int64_t step, std::string_view attempt,
-                   std::chrono::milliseconds timeout) override {
-    Status s = Coordinator::WaitSaved(step, attempt, timeout);
-    if (!FromStore(s)) return s;
-    return Lost(s, "rank 0 to commit step " + std::to_string(step));
   }
 
   Status Publish(const std::string& name, const std::string& payload) override {
@@ -89,11 +84,7 @@ class C10dCoordinator : public Coordinator {
   }
 
  private:
-  // A failed call on the store (not rank 0's failure, which it carries):
-  // the store's server went away.
-  static bool FromStore(const Status& s) {
-    return s.code() == Code::kUnavailable && s.message().rfind(kCallError, 0) == 0;
-  }
+  // A failed call on the store: its server went away.
   static Status Lost(const Status& s, const std::string& what) {
     return Status(Code::kUnavailable,
                   "lost the c10d store while waiting for " + what +
@@ -130,7 +121,6 @@ class C10dCoordinator : public Coordinator {
                       (b == std::string::npos ? value : value.substr(b + 1)));
   }
 
-  static constexpr const char* kCallError = "c10d store: ";
   // UNAVAILABLE for an exception of the store (its first line: LibTorch
   // appends a stack trace).
   template <typename Fn>
@@ -139,7 +129,8 @@ class C10dCoordinator : public Coordinator {
       return fn();
     } catch (const std::exception& e) {
       const std::string text = e.what();
-      return Status(Code::kUnavailable, kCallError + what + ": " + text.substr(0, text.find('\n')));
+      return Status(Code::kUnavailable,
+                    "c10d store: " + what + ": " + text.substr(0, text.find('\n')));
     }
   }
 

@@ -588,7 +588,8 @@ Result<std::string> ScopeFor(const RankInfo& rank, const CheckpointerOptions& op
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, const RankInfo& rank,
                                                          CheckpointerOptions options) {
   CKPTIO_RETURN_IF_ERROR(rank.Validate());
-  // (c10d takes a wait of 0 ms for "no timeout": a wait must end.)
+  // (A wait of 0 ms would end before any rank could answer; LibTorch's
+  // c10d takes 0 for "wait for ever".)
   if (options.timeout.count() <= 0)
     return Status(Code::kInvalidArgument,
                   "CheckpointerOptions::timeout is " + std::to_string(options.timeout.count()) +

@@ -857,8 +857,9 @@ TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
   EXPECT_EQ(flaky->failures, 0);
 }
 
-// Every wait ends: a timeout of 0 (which c10d takes for "wait for ever") or
-// less is refused at Open, in every wait mode.
+// A timeout of 0 (which would end every wait at once, and which LibTorch's
+// c10d takes for "wait for ever") or less is refused at Open, in every wait
+// mode.
 TEST(TorchStateTest, ATimeoutThatWouldNeverEndIsRefused) {
   TempDir dir;
   auto served = testing::ConnectTcpStore(0, true);
