@@ -129,8 +129,7 @@ struct CheckpointerOptions {
   // The trainer's store (e.g. its TCPStore), for WaitMode::kStore.
   c10::intrusive_ptr<c10d::Store> c10d_store;
   int keep_last = 0;  // 0 keeps every step
-  // Every wait (for a commit, a load decision, the save lock) ends by then;
-  // at least 1 ms (Open refuses less).
+  // Every wait (for a commit, a load decision, the save lock) ends by then (>= 1 ms).
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   uint64_t chunk_size = kDefaultChunkBytes;
   // Use this backend instead of the one the URI names (fault injection,
