@@ -795,6 +795,19 @@ TEST_P(NfsV4Faults, AWriteThatCannotBeQueuedFailsTheAppend) {
   EXPECT_EQ(names, std::vector<std::string>{"after"}) << "the failed object's temp was left";
 }
 
+// Hooks under which the first READ of a thread other than this one (the
+// keepalive thread's renewal) gets no answer for 3 s; *stuck says it began.
+nfs_hooks::Hooks FirstRenewalReadStuck(std::atomic<bool>* stuck) {
+  nfs_hooks::Hooks h;
+  h.pread = [stuck, test_thread = std::this_thread::get_id()](
+                nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+    if (std::this_thread::get_id() != test_thread && !stuck->exchange(true))
+      std::this_thread::sleep_for(milliseconds(3000));
+    return nfs_hooks::RealPread(n, fh, off, count, buf);
+  };
+  return h;
+}
+
 // NFSv3 lease locks: a call that times out on the data connection (a slow
 // COMMIT, say) does not stop the lease renewals on their own connection,
 // though no remount is tried for timeout_ms: the lock outlives its lease
@@ -827,22 +840,13 @@ TEST_P(NfsV3Faults, ATimeoutOnTheDataConnectionKeepsTheLeaseRenewed) {
 // the lease file, and the stuck renewal, once it ends, does not bring the
 // lock back: another client takes it at once.
 TEST_P(NfsV3Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
-  const auto test_thread = std::this_thread::get_id();
   std::atomic<bool> stuck{false};
   auto holder = Backend("lease_ms=1000&timeout_ms=10000");  // renewed every 333 ms
   ASSERT_TRUE(holder);
   auto lock = holder->TryLock("lk");
   ASSERT_TRUE(lock.ok()) << lock.status();
   {
-    nfs_hooks::Hooks h;
-    // The renewal's READ of the lease file (on the keepalive thread): no
-    // answer for 3 s, the first time.
-    h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
-      if (std::this_thread::get_id() != test_thread && !stuck.exchange(true))
-        std::this_thread::sleep_for(milliseconds(3000));
-      return nfs_hooks::RealPread(n, fh, off, count, buf);
-    };
-    nfs_hooks::Scope scope(h);
+    nfs_hooks::Scope scope(FirstRenewalReadStuck(&stuck));  // of the lease file
     const auto t0 = Clock::now();
     while (!stuck && Clock::now() - t0 < milliseconds(5000))
       std::this_thread::sleep_for(milliseconds(5));
@@ -868,20 +872,12 @@ TEST_P(NfsV3Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
 // briefly: its renewal unlocks it once the READ ends. (A hung server made a
 // save take two timeout_ms to fail.) Both locks are then free again.
 TEST_P(NfsV4Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
-  const auto test_thread = std::this_thread::get_id();
   std::atomic<bool> stuck{false};
   auto holder = Backend("lease_ms=3000&timeout_ms=10000");  // renewed every second
   ASSERT_TRUE(holder);
   {
-    nfs_hooks::Hooks h;
-    // The first renewal's first READ (on the keepalive thread, a second
-    // after the first lock is taken): no answer for 3 s.
-    h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
-      if (std::this_thread::get_id() != test_thread && !stuck.exchange(true))
-        std::this_thread::sleep_for(milliseconds(3000));
-      return nfs_hooks::RealPread(n, fh, off, count, buf);
-    };
-    nfs_hooks::Scope scope(h);
+    // (The first renewal comes a second after the first lock is taken.)
+    nfs_hooks::Scope scope(FirstRenewalReadStuck(&stuck));
     auto first = holder->TryLock("a");  // renewed first (the table is sorted)
     auto second = holder->TryLock("b");
     ASSERT_TRUE(first.ok()) << first.status();
