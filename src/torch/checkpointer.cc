@@ -671,6 +671,28 @@ std::string StripeGoName(const std::string& attempt) { return "stripe-go-" + att
 std::string StripeReceiptName(const std::string& attempt, int r) {
   return "stripe-" + attempt + "-" + std::to_string(r);
 }
+
+// A rank's wait for rank 0's go-ahead to a striped save, in slices with a
+// poll of the save between them, so that rank 0's death (file-lock mode) or
+// failure, or its going on past this save, ends the wait at once rather
+// than at the deadline.
+Result<std::string> WaitForGo(Coordinator& c, int64_t step, const std::string& attempt,
+                              std::chrono::milliseconds timeout) {
+  constexpr std::chrono::milliseconds kSlice{500};
+  const auto deadline = DeadlineAfter(timeout);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      return Status(Code::kDeadlineExceeded, "timed out after " + std::to_string(timeout.count()) +
+                                                 " ms (wait mode " +
+                                                 std::string(WaitModeName(c.mode())) + ")");
+    auto go = c.WaitFor(StripeGoName(attempt), std::min(left, kSlice));
+    if (go.ok() || go.status().code() != Code::kDeadlineExceeded) return go;
+    auto polled = c.PollSaved(step, attempt);
+    if (!polled.ok() && !c.Transient(polled.status())) return polled.status();
+  }
+}
 }  // namespace
 
 Status Checkpointer::PublishDecision(const std::string& name, const std::string& payload) {
@@ -879,7 +901,7 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
   const std::string go = StripeGoName(attempt);
   auto receipt_of = [&](int r) { return StripeReceiptName(attempt, r); };
   if (rank_.rank != 0) {
-    auto started = coordinator_->WaitFor(go, options_.timeout);
+    auto started = WaitForGo(*coordinator_, step, attempt, options_.timeout);
     if (!started.ok())  // rank 0, late, must not wait for this rank's part in turn
       return Abandon(step, attempt,
                      started.status().WithContext(what + ": waiting for rank 0 to begin the step"));

@@ -534,6 +534,91 @@ TEST_F(AsyncSaveTest, AMissingStripeIsReportedWithTheSavesTimeout) {
   EXPECT_FALSE(s1.ok()) << "rank 1 saw a save commit without rank 2's part";
 }
 
+// Rank 0's backend for a death inside a striped save: its publishing of the
+// go-ahead waits at a gate, and Die() drops its exclusive save lock, as the
+// kernel does when the process holding it dies.
+class DyingBeforeTheGoAhead : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    auto lock = ForwardingBackend::TryLock(key, mode);
+    if (!lock.ok() || key != ".save-lock" || mode != LockMode::kExclusive) return lock;
+    std::lock_guard<std::mutex> l(mu_);
+    save_lock_ = std::move(*lock);
+    struct StandIn : BackendLock {  // releases the real one, unless Die() did
+      DyingBeforeTheGoAhead* owner;
+      explicit StandIn(DyingBeforeTheGoAhead* o) : owner(o) {}
+      ~StandIn() override { owner->Die(); }
+    };
+    return std::unique_ptr<BackendLock>(std::make_unique<StandIn>(this));
+  }
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    if (key.find("decision-stripe-go-") != std::string_view::npos) {
+      std::unique_lock<std::mutex> l(mu_);
+      at_gate_ = true;
+      cv_.notify_all();
+      cv_.wait(l, [&] { return open_; });
+    }
+    return ForwardingBackend::NewObject(key, mode);
+  }
+  bool WaitAtGate(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, timeout, [&] { return at_gate_; });
+  }
+  void Die() {
+    std::lock_guard<std::mutex> l(mu_);
+    save_lock_.reset();
+  }
+  void Open() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unique_ptr<BackendLock> save_lock_;
+  bool at_gate_ = false, open_ = false;
+};
+
+// File-lock mode, striped: rank 0 dies after taking the save (lock held,
+// record "saving") but before its go-ahead. The other rank, waiting for the
+// go-ahead, says so within a second, not at its deadline.
+TEST_F(AsyncSaveTest, AStripedRankLearnsOfRankZerosDeathBeforeTheGoAhead) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto posix, NewPosixBackend(dir_.Sub("store")));
+  auto dying = std::make_shared<DyingBeforeTheGoAhead>(std::move(posix));
+  CheckpointerOptions o;
+  o.wait = WaitMode::kFileLock;
+  o.timeout = 8s;
+  o.stripe = true;
+  auto c1 = RankOfTwo(1, "stripe-death-test", dir_.Sub("store"), o);
+  o.backend = dying;
+  auto c0 = RankOfTwo(0, "stripe-death-test", dir_.Sub("store"), o);
+  ASSERT_TRUE(c0 && c1);
+  Net net;
+  State state{{"model", net}};
+  Status s0, s1;
+  std::thread rank0([&] { s0 = c0->Save(1, state); });
+  if (!dying->WaitAtGate(5s)) {
+    dying->Open();
+    rank0.join();
+    FAIL() << "rank 0 never published its go-ahead: " << s0;
+  }
+  std::thread rank1([&] { s1 = c1->Save(1, state); });
+  std::this_thread::sleep_for(200ms);
+  dying->Die();
+  const auto died = std::chrono::steady_clock::now();
+  rank1.join();
+  const auto took = std::chrono::steady_clock::now() - died;
+  dying->Open();  // the "dead" rank 0 goes on, and finds rank 1's error for its part
+  rank0.join();
+  EXPECT_EQ(s1.code(), Code::kAborted) << s1;
+  EXPECT_NE(s1.message().find("writer died before committing step 1"), std::string::npos) << s1;
+  EXPECT_LT(took, 3s) << "rank 1 waited for its deadline: " << s1;
+  EXPECT_FALSE(s0.ok());
+}
+
 // In a striped save rank 0 waits for every rank's part. A rank that gives
 // up first (its wait for rank 0's go-ahead timed out; or, at its next save,
 // the previous one's error) sends an error in place of its part, so rank 0
