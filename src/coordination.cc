@@ -96,8 +96,10 @@ class FileCoordinator : public Coordinator {
 
   Status BeginSave(int64_t step, std::string_view attempt,
                    std::chrono::milliseconds timeout) override {
-    if (mode_ == WaitMode::kFileLock) {
-      // Waiters hold the shared lock only for an instant; keep trying.
+    // File lock: taken at this Checkpointer's first save and held until it
+    // goes (see PollSaved). Nobody else takes it but a rank 0 of another
+    // Checkpointer on the store, briefly: keep trying.
+    if (mode_ == WaitMode::kFileLock && !save_lock_) {
       Backoff backoff(DeadlineAfter(timeout));
       while (true) {
         auto lock = backend_->TryLock(kSaveLockKey, LockMode::kExclusive);
@@ -109,14 +111,11 @@ class FileCoordinator : public Coordinator {
           return lock.status().WithContext("taking the save lock for step " + std::to_string(step));
       }
     }
-    Status recorded = WriteRecord(step, attempt, "saving", OkStatus());
-    if (!recorded.ok()) save_lock_.reset();  // no save follows: the next one must get the lock
-    return recorded;
+    return WriteRecord(step, attempt, "saving", OkStatus());
   }
 
   Status EndSave(int64_t step, std::string_view attempt, const Status& outcome) override {
     Status s = WriteRecord(step, attempt, outcome.ok() ? "committed" : "failed", outcome);
-    save_lock_.reset();  // after the record: a waiter that gets the lock sees the outcome
     // The next record carries this outcome: a waiter that reads the record
     // only after rank 0 began its next save still learns it.
     previous_ = {{"prev_step", std::to_string(step)},
@@ -133,42 +132,35 @@ class FileCoordinator : public Coordinator {
     auto record = ReadRecord(kSaveRecordKey, kSaveFormat);
     CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt, record));
     if (committed) return true;
-    if (record.ok()) {
-      if (Mine(*record, step, attempt) && Field(*record, "state") == "failed")
-        return Failure(*record, "", step);
-      CKPTIO_RETURN_IF_ERROR(EndedEarlier(*record, step, attempt));
-    }
-    // The lock says whether rank 0 is alive only once it is inside this
-    // save. Taken before that, by many waiters in turn, it would keep rank
-    // 0 from getting it (POSIX locks are not fair).
-    if (mode_ != WaitMode::kFileLock || !record.ok() || !Mine(*record, step, attempt) ||
-        Field(*record, "state") != "saving")
-      return false;
-    auto lock = backend_->TryLock(kSaveLockKey, LockMode::kShared);
-    if (!lock.ok()) {
-      if (lock.status().code() == Code::kFailedPrecondition) return false;  // rank 0 is saving
-      return lock.status();
-    }
-    // We hold the shared lock, so rank 0 is no longer inside this save: it
-    // finished it (the record, read again, says how) or died. Decide before
-    // releasing the lock, or rank 0 could start its next save and look dead.
+    if (record.ok()) CKPTIO_RETURN_IF_ERROR(Ended(*record, step, attempt));
+    // File lock: rank 0 writes every record of this Checkpointer (scope)
+    // holding the save lock, which it keeps from the scope's first save
+    // until the Checkpointer goes. A record of the scope and nobody on the
+    // lock: rank 0 is gone for good, and its last record is final. Waiters
+    // only test the lock, never take it, so they never keep rank 0 from it.
+    if (mode_ != WaitMode::kFileLock || !record.ok() || !OfScope(*record, attempt)) return false;
+    CKPTIO_ASSIGN_OR_RETURN(bool held, backend_->IsLocked(kSaveLockKey));
+    if (held) return false;
     record = ReadRecord(kSaveRecordKey, kSaveFormat);
     CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt, record));
-    lock->reset();
     if (committed) return true;
     if (!record.ok()) return false;
-    if (!Mine(*record, step, attempt)) {
-      CKPTIO_RETURN_IF_ERROR(EndedEarlier(*record, step, attempt));
-      return false;
-    }
-    if (Field(*record, "state") == "saving")
-      return Status(Code::kAborted,
-                    "writer died before committing step " + std::to_string(step) + ": rank 0 (" +
-                        Field(*record, "host") + ", pid " + Field(*record, "pid") +
-                        ") released the save lock without committing; the newest committed "
-                        "checkpoint is intact: restart the job to resume from it");
-    if (Field(*record, "state") == "failed") return Failure(*record, "", step);
-    return false;
+    CKPTIO_RETURN_IF_ERROR(Ended(*record, step, attempt));
+    const std::string last = Field(*record, "attempt");
+    if (!OfScope(*record, attempt) || Later(last, attempt)) return false;
+    const std::string state = Field(*record, "state");
+    std::string why = "released the save lock without committing";
+    if (last != attempt)
+      why = "released the save lock before it began this save (its last save, of step " +
+            Field(*record, "step") + ", " + (state == "saving" ? "unfinished" : state) +
+            "): it died, or closed its Checkpointer";
+    else if (state != "saving")
+      return false;  // committed, not yet visible here
+    return Status(Code::kAborted, "writer died before committing step " + std::to_string(step) +
+                                      ": rank 0 (" + Field(*record, "host") + ", pid " +
+                                      Field(*record, "pid") + ") " + why +
+                                      "; the newest committed checkpoint is intact: restart the "
+                                      "job to resume from it");
   }
 
   Status Publish(const std::string& name, const std::string& payload) override {
@@ -240,13 +232,15 @@ class FileCoordinator : public Coordinator {
                             (msg == r.end() ? "(no message)" : msg->second));
   }
 
-  // OK while rank 0 may still commit `attempt` of `step`. Once the record
-  // is a later attempt's (rank 0 is past this one, which then did not
-  // commit): its failure if the record still carries it, else an error
-  // saying the outcome was overwritten.
-  Status EndedEarlier(const std::map<std::string, std::string>& r, int64_t step,
-                      std::string_view attempt) {
+  // OK while rank 0 may still commit `attempt` of `step`. Rank 0's failure
+  // if the record says it failed; once the record is a later attempt's
+  // (rank 0 is past this one, which then did not commit): its failure if
+  // the record still carries it, else an error saying the outcome was
+  // overwritten.
+  Status Ended(const std::map<std::string, std::string>& r, int64_t step,
+               std::string_view attempt) {
     if (Field(r, "job") != job_) return OkStatus();
+    if (Mine(r, step, attempt) && Field(r, "state") == "failed") return Failure(r, "", step);
     if (Field(r, "prev_attempt") == attempt && Field(r, "prev_step") == std::to_string(step)) {
       if (Field(r, "prev_state") == "failed") return Failure(r, "prev_", step);
       // Committed, yet not seen as committed here: not yet visible, or gone.
@@ -272,6 +266,14 @@ class FileCoordinator : public Coordinator {
     return it == r.end() ? std::string() : it->second;
   }
 
+  // The scope S of an attempt "S.<k>": one Checkpointer of the job.
+  static std::string_view Scope(std::string_view attempt) {
+    return attempt.substr(0, attempt.rfind('.'));
+  }
+  bool OfScope(const std::map<std::string, std::string>& r, std::string_view attempt) const {
+    return Field(r, "job") == job_ && Scope(Field(r, "attempt")) == Scope(attempt);
+  }
+
   // "<scope>.<k>" of the same scope with a larger k.
   static bool Later(std::string_view a, std::string_view than) {
     const size_t i = a.rfind('.'), j = than.rfind('.');
@@ -294,8 +296,7 @@ class FileCoordinator : public Coordinator {
   // manifest alone decides.
   bool SaysFinal(const std::map<std::string, std::string>& r, int64_t step,
                  std::string_view attempt) const {
-    auto scope = [](std::string_view a) { return std::string(a.substr(0, a.rfind('.'))); };
-    if (Field(r, "job") != job_ || scope(Field(r, "attempt")) != scope(attempt)) return true;
+    if (!OfScope(r, attempt)) return true;
     if (Mine(r, step, attempt)) return Field(r, "state") == "committed";
     if (Field(r, "prev_step") == std::to_string(step) && Field(r, "prev_attempt") == attempt)
       return Field(r, "prev_state") == "committed";

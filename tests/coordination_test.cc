@@ -217,6 +217,9 @@ class CoordinationTest : public ::testing::TestWithParam<WaitMode> {
   }
   WaitMode mode() const { return GetParam(); }
   std::string mode_name() const { return std::string(WaitModeName(GetParam())); }
+  // Rank 0 commits a step, then is SIGKILLed while the other ranks wait for
+  // the next, `mid_save` or before beginning it; a relaunch then saves it.
+  void KillRankZeroThenRestart(bool mid_save);
 
   TempDir tmp_;
   std::string path_;
@@ -478,14 +481,15 @@ TEST_P(CoordinationTest, RankZeroFailureReachesEveryWaiterPromptly) {
 
 // ---------------------------------------------------------------- c. death
 
-TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
+void CoordinationTest::KillRankZeroThenRestart(bool mid_save) {
   constexpr int64_t kPrev = 10;
   constexpr int64_t kStep = 11;
   constexpr milliseconds kWaitTimeout(4000);
   std::vector<std::unique_ptr<Pipe>> from(kWorld);
   for (auto& p : from) p = std::make_unique<Pipe>();
 
-  // Phase 1: rank 0 commits kPrev, starts kStep and is SIGKILLed mid-object.
+  // Phase 1: rank 0 commits kPrev, starts kStep (mid_save) and is
+  // SIGKILLed mid-object, or before it begins kStep.
   Child rank0 = Child::Start([&] {
     const int out = from[0]->write_fd();
     RankCtx ctx;
@@ -495,6 +499,11 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
     if (!writer.ok()) return Fail(0, kExitSetup, writer.status().ToString());
     s = SaveStep(**writer, *ctx.coord, kPrev, nullptr);
     if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
+    if (!mid_save) {
+      WriteLine(out, "saving");
+      for (int i = 0; i < 60; ++i) std::this_thread::sleep_for(milliseconds(1000));
+      return kExitNotKilled;
+    }
     s = ctx.coord->BeginSave(kStep, AttemptOf(kStep), milliseconds(5000));
     if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
     auto pending = (*writer)->Begin(kStep);
@@ -564,6 +573,9 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
       EXPECT_NE(r->message.find("writer died before committing step " + std::to_string(kStep)),
                 std::string::npos)
           << r->message;
+      if (!mid_save) {
+        EXPECT_NE(r->message.find("before it began this save"), std::string::npos) << r->message;
+      }
       const int64_t after_ms = (r->t_ns - kill_ns) / 1000000;
       slowest_ms = std::max(slowest_ms, after_ms);
       EXPECT_LT(after_ms, 1000) << "the death should be detected within 1 s of the kill";
@@ -649,14 +661,21 @@ TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) {
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, kStep);
   std::printf(
-      "coordination: %s: rank 0 SIGKILLed mid-save of step %lld; %d waiters returned %s "
+      "coordination: %s: rank 0 SIGKILLed %s step %lld; %d waiters returned %s "
       "(slowest %lld ms %s); relaunch committed step %lld, step %lld intact\n",
-      mode_name().c_str(), static_cast<long long>(kStep), kWorld - 1,
+      mode_name().c_str(), mid_save ? "mid-save of" : "between saves, before",
+      static_cast<long long>(kStep), kWorld - 1,
       mode() == WaitMode::kFileLock ? "ABORTED" : "DEADLINE_EXCEEDED",
       static_cast<long long>(slowest_ms),
       mode() == WaitMode::kFileLock ? "after the kill" : "after starting to wait",
       static_cast<long long>(kStep), static_cast<long long>(kPrev));
 }
+
+TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) { KillRankZeroThenRestart(true); }
+
+// File lock: rank 0 holds the save lock between saves too, so its death
+// there is noticed as fast.
+TEST_P(CoordinationTest, RankZeroKilledBetweenSavesThenRestart) { KillRankZeroThenRestart(false); }
 
 // ---------------------------------------------------------------- d. race
 
@@ -957,9 +976,9 @@ TEST(DeadlineAfterTest, SaturatesInsteadOfOverflowing) {
 }
 
 // Rank 0 takes the save lock, then cannot write its save record: BeginSave
-// fails and must let the lock go, or every later save of this process waits
-// for a lock it holds itself.
-TEST(FileCoordinatorTest, ABeginSaveThatFailsReleasesTheSaveLock) {
+// fails, and the next BeginSave of this process must not wait for the lock
+// it holds itself.
+TEST(FileCoordinatorTest, ABeginSaveAfterAFailedOneDoesNotWaitForTheSaveLock) {
   TempDir tmp;
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto backend, NewPosixBackend(tmp.Sub("store")));
   std::shared_ptr<StorageBackend> shared(std::move(backend));
@@ -974,7 +993,7 @@ TEST(FileCoordinatorTest, ABeginSaveThatFailsReleasesTheSaveLock) {
   ASSERT_EQ(::unlink(in_the_way.c_str()), 0);
   const auto t0 = Clock::now();
   CKPTIO_EXPECT_OK(coord->BeginSave(1, AttemptOf(1), milliseconds(2000)));
-  EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << "the failed BeginSave kept the lock";
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << "waited for its own save lock";
   CKPTIO_EXPECT_OK(coord->EndSave(1, AttemptOf(1), OkStatus()));
 }
 
@@ -1070,24 +1089,28 @@ TEST(FileCoordinatorTest, AStepBelowLatestIsCommittedOnlyOnceRankZeroSaysSo) {
   }
 }
 
-// Counts the shared save-lock tries of a waiter.
+// Counts a waiter's tries and tests of locks.
 class CountingLocks : public testing::ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
-    if (mode == LockMode::kShared) ++shared_tries;
+    ++tries;
     return ForwardingBackend::TryLock(key, mode);
   }
-  std::atomic<int> shared_tries{0};
+  Result<bool> IsLocked(std::string_view key) override {
+    ++tests;
+    return ForwardingBackend::IsLocked(key);
+  }
+  std::atomic<int> tries{0}, tests{0};
 };
 
-// File-lock mode: a waiter takes the shared save lock (to see whether rank
-// 0 died inside the save) only once rank 0's record says it is saving this
-// attempt. Before that the lock tells it nothing, and many waiters taking
-// it in turn would keep rank 0 from ever getting it exclusively (POSIX
-// locks are not fair). Once rank 0 is inside the save, the lock still
-// tells a waiter that rank 0 died.
-TEST(FileCoordinatorTest, WaitersTakeTheSaveLockOnlyOnceRankZeroIsSaving) {
+// File-lock mode: rank 0 holds the save lock from its Checkpointer's first
+// save until the Checkpointer goes. A waiter never takes it (POSIX locks
+// are not fair: many waiters taking it in turn could keep rank 0 from it);
+// it tests it, and only once rank 0's record is of its Checkpointer. Then a
+// free lock means rank 0 is gone, whether inside a save or between two; a
+// waiter of another Checkpointer learns nothing from it.
+TEST(FileCoordinatorTest, RankZeroHoldsTheSaveLockFromItsFirstSaveAndWaitersOnlyTestIt) {
   TempDir tmp;
   const std::string job = NewJobId();
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto b0, NewPosixBackend(tmp.Sub("store")));
@@ -1097,22 +1120,33 @@ TEST(FileCoordinatorTest, WaitersTakeTheSaveLockOnlyOnceRankZeroIsSaving) {
       auto rank0, NewFileCoordinator(std::move(b0), MakeRank(0, job), WaitMode::kFileLock));
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto rank1,
                               NewFileCoordinator(counting, MakeRank(1, job), WaitMode::kFileLock));
-  for (int i = 0; i < 20; ++i) {
-    auto polled = rank1->PollSaved(1, AttemptOf(1));
-    ASSERT_TRUE(polled.ok()) << polled.status();
-    EXPECT_FALSE(*polled);
-  }
-  EXPECT_EQ(counting->shared_tries.load(), 0)
-      << "a waiter took the save lock before rank 0 began the save";
+  auto pending = [&](int64_t step, const std::string& attempt) {
+    auto polled = rank1->PollSaved(step, attempt);
+    ASSERT_TRUE(polled.ok()) << attempt << ": " << polled.status();
+    EXPECT_FALSE(*polled) << attempt;
+  };
+  for (int i = 0; i < 20; ++i) pending(1, AttemptOf(1));
+  EXPECT_EQ(counting->tests.load(), 0) << "tested the lock before rank 0's first record";
 
   CKPTIO_ASSERT_OK(rank0->BeginSave(1, AttemptOf(1), milliseconds(2000)));
-  auto polled = rank1->PollSaved(1, AttemptOf(1));
-  ASSERT_TRUE(polled.ok()) << polled.status();
-  EXPECT_FALSE(*polled);
-  EXPECT_GT(counting->shared_tries.load(), 0) << "the waiter no longer checks on rank 0";
-  rank0.reset();  // dies inside the save: the lock goes, the record stays "saving"
-  polled = rank1->PollSaved(1, AttemptOf(1));
-  EXPECT_EQ(polled.status().code(), Code::kAborted) << polled.status();
+  pending(1, AttemptOf(1));
+  EXPECT_GT(counting->tests.load(), 0) << "the waiter does not check on rank 0 inside a save";
+  CKPTIO_ASSERT_OK(rank0->EndSave(1, AttemptOf(1), Status(Code::kInternal, "disk full")));
+  EXPECT_EQ(rank1->PollSaved(1, AttemptOf(1)).status().code(), Code::kInternal);
+  const int tests = counting->tests.load();
+  pending(2, AttemptOf(2));  // between saves: rank 0 still holds the lock
+  EXPECT_GT(counting->tests.load(), tests) << "the waiter does not check on rank 0 between saves";
+  pending(2, "other.s2");  // another Checkpointer's waiter
+
+  rank0.reset();  // gone between saves: the lock goes with it
+  auto gone = rank1->PollSaved(2, AttemptOf(2));
+  EXPECT_EQ(gone.status().code(), Code::kAborted) << gone.status();
+  EXPECT_NE(gone.status().message().find("writer died before committing step 2"), std::string::npos)
+      << gone.status();
+  EXPECT_NE(gone.status().message().find("before it began this save"), std::string::npos)
+      << gone.status();
+  pending(2, "other.s2");  // rank 0 of that Checkpointer has not saved yet
+  EXPECT_EQ(counting->tries.load(), 0) << "a waiter took a lock";
 }
 
 // Fails reads of LATEST and of published records with UNAVAILABLE (as an

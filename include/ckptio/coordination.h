@@ -20,16 +20,16 @@
 // Modes:
 //   kManifest  waiters poll LATEST by opening and reading it (never stat or
 //              mtime, which lie on NFS), backing off from 1 ms to 50 ms.
-//   kFileLock  rank 0 holds an exclusive fcntl lock on <store>/.save-lock for
-//              the whole save. Once rank 0's save record (written under it)
-//              names this attempt as in progress, waiters poll a shared lock
-//              on it (never before: fcntl locks are not fair, and many
-//              waiters taking it in turn would starve rank 0). If they get it
-//              while the record still says so, rank 0 died: they fail at once
-//              ("writer died before committing step N"), not at the deadline.
-//              If rank 0 dies after taking the lock but before its record is
-//              durable (a few ms), waiters cannot tell that from "not started
-//              yet" and end at the deadline instead.
+//   kFileLock  rank 0 holds an exclusive fcntl lock on <store>/.save-lock from
+//              its Checkpointer's first save until that Checkpointer is gone,
+//              writing its save records under it. Waiters never take the
+//              lock (fcntl locks are not fair: many waiters taking it in turn
+//              could starve rank 0); once rank 0's record is of their
+//              Checkpointer they test it (F_GETLK; NFS: LOCKT, v3 lease). If
+//              it is free, rank 0 died (or closed the Checkpointer), in a save
+//              or between saves: they fail at once ("writer died before
+//              committing step N"), not at the deadline. If rank 0 dies before
+//              its first save's record is durable, they end at the deadline.
 //   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so

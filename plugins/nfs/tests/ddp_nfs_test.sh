@@ -6,6 +6,7 @@
 #   - NFSv3, manifest wait, rank 0 SIGKILLed mid-save, relaunched;
 #   - NFSv4, file-lock wait (v4 locks), rank 0 SIGKILLed mid-save: waiters
 #     learn of the death when its lease ends; relaunched;
+#   - NFSv3, file-lock wait (lease files), likewise;
 #   - mixed: rank 0 writes over NFSv4, ranks 2 and 3 read the exported
 #     folder through the POSIX backend.
 # Usage: ddp_nfs_test.sh BIN_DIR   (the server: $CKPTIO_NFS_DIR, as ctest's
@@ -54,6 +55,7 @@ kill_and_resume() {  # kill_and_resume NAME URI WAIT EXPECTED_WAITER_ERROR TIMEO
 
 kill_and_resume "v3, manifest" "$(v3 a)" manifest "DEADLINE_EXCEEDED.*step 20" 5
 kill_and_resume "v4, file-lock" "$(v4 b)" file-lock "writer died before committing step 20" 30
+kill_and_resume "v3, file-lock" "$(v3 d)" file-lock "writer died before committing step 20" 30
 
 demo --store "$(v4 c)" --wait manifest --rank-store "2=$export_dir/$run/c" \
   --rank-store "3=$export_dir/$run/c" >"$tmp/log" 2>&1 || fail "mixed access"
