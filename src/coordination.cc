@@ -97,8 +97,12 @@ class FileCoordinator : public Coordinator {
   Status BeginSave(int64_t step, std::string_view attempt,
                    std::chrono::milliseconds timeout) override {
     // File lock: taken at this Checkpointer's first save and held until it
-    // goes (see PollSaved). Nobody else takes it but a rank 0 of another
-    // Checkpointer on the store, briefly: keep trying.
+    // goes (see PollSaved), but taken again if it was lost (an NFS lease
+    // that ran out while rank 0 was cut off from the server).
+    if (mode_ == WaitMode::kFileLock && save_lock_) {
+      auto held = backend_->IsLocked(kSaveLockKey);
+      if (held.ok() && !*held) save_lock_.reset();
+    }
     if (mode_ == WaitMode::kFileLock && !save_lock_) {
       Backoff backoff(DeadlineAfter(timeout));
       while (true) {
@@ -133,12 +137,12 @@ class FileCoordinator : public Coordinator {
     CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt, record));
     if (committed) return true;
     if (record.ok()) CKPTIO_RETURN_IF_ERROR(Ended(*record, step, attempt));
-    // File lock: rank 0 writes every record of this Checkpointer (scope)
-    // holding the save lock, which it keeps from the scope's first save
-    // until the Checkpointer goes. A record of the scope and nobody on the
-    // lock: rank 0 is gone for good, and its last record is final. Waiters
-    // only test the lock, never take it, so they never keep rank 0 from it.
-    if (mode_ != WaitMode::kFileLock || !record.ok() || !OfScope(*record, attempt)) return false;
+    // File lock: from this Checkpointer's (scope's) first save on, rank 0
+    // holds the save lock until the Checkpointer goes, and says so in each
+    // record. Such a record of the scope and nobody on the lock: rank 0 is
+    // gone for good, and its last record is final. Waiters only test the
+    // lock, never take it, so they never keep rank 0 from it.
+    if (mode_ != WaitMode::kFileLock || !record.ok() || !UnderLock(*record, attempt)) return false;
     CKPTIO_ASSIGN_OR_RETURN(bool held, backend_->IsLocked(kSaveLockKey));
     if (held) return false;
     record = ReadRecord(kSaveRecordKey, kSaveFormat);
@@ -146,16 +150,15 @@ class FileCoordinator : public Coordinator {
     if (committed) return true;
     if (!record.ok()) return false;
     CKPTIO_RETURN_IF_ERROR(Ended(*record, step, attempt));
-    const std::string last = Field(*record, "attempt");
-    if (!OfScope(*record, attempt) || Later(last, attempt)) return false;
-    const std::string state = Field(*record, "state");
-    std::string why = "released the save lock without committing";
-    if (last != attempt)
-      why = "released the save lock before it began this save (its last save, of step " +
-            Field(*record, "step") + ", " + (state == "saving" ? "unfinished" : state) +
-            "): it died, or closed its Checkpointer";
-    else if (state != "saving")
-      return false;  // committed, not yet visible here
+    const std::string last = Field(*record, "attempt"), state = Field(*record, "state");
+    const bool inside = last == attempt && state == "saving";      // died inside this save
+    const bool before = last != attempt && !Later(last, attempt);  // before beginning it
+    if (!UnderLock(*record, attempt) || !(inside || before)) return false;
+    const std::string why =
+        inside ? "released the save lock without committing"
+               : "released the save lock before it began this save (its last save, of step " +
+                     Field(*record, "step") + ", " + (state == "saving" ? "unfinished" : state) +
+                     "): it died, or closed its Checkpointer";
     return Status(Code::kAborted, "writer died before committing step " + std::to_string(step) +
                                       ": rank 0 (" + Field(*record, "host") + ", pid " +
                                       Field(*record, "pid") + ") " + why +
@@ -273,6 +276,10 @@ class FileCoordinator : public Coordinator {
   bool OfScope(const std::map<std::string, std::string>& r, std::string_view attempt) const {
     return Field(r, "job") == job_ && Scope(Field(r, "attempt")) == Scope(attempt);
   }
+  // Written by rank 0 of `attempt`'s Checkpointer holding the save lock.
+  bool UnderLock(const std::map<std::string, std::string>& r, std::string_view attempt) const {
+    return OfScope(r, attempt) && Field(r, "lock") == "held";
+  }
 
   // "<scope>.<k>" of the same scope with a larger k.
   static bool Later(std::string_view a, std::string_view than) {
@@ -371,6 +378,7 @@ class FileCoordinator : public Coordinator {
                    {"pid", std::to_string(::getpid())},
                    {"code", std::to_string(static_cast<int>(outcome.code()))},
                    {"message", Capped(outcome.message())}});
+    if (save_lock_) fields["lock"] = "held";
     return WriteSmall(*backend_, kSaveRecordKey, SerializeRecord(kSaveFormat, fields),
                       WriteMode::kReplace);
   }

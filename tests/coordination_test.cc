@@ -674,7 +674,7 @@ void CoordinationTest::KillRankZeroThenRestart(bool mid_save) {
 TEST_P(CoordinationTest, RankZeroKilledMidSaveThenRestart) { KillRankZeroThenRestart(true); }
 
 // File lock: rank 0 holds the save lock between saves too, so its death
-// there is noticed as fast.
+// there is noticed as fast (manifest: the deadline, as mid-save).
 TEST_P(CoordinationTest, RankZeroKilledBetweenSavesThenRestart) { KillRankZeroThenRestart(false); }
 
 // ---------------------------------------------------------------- d. race
@@ -1147,6 +1147,84 @@ TEST(FileCoordinatorTest, RankZeroHoldsTheSaveLockFromItsFirstSaveAndWaitersOnly
       << gone.status();
   pending(2, "other.s2");  // rank 0 of that Checkpointer has not saved yet
   EXPECT_EQ(counting->tries.load(), 0) << "a waiter took a lock";
+}
+
+// A save rank 0 abandons before it began (a SaveAsync whose staging
+// failed, a first BeginSave that could not take the lock) still records
+// its failure, without the save lock. That record says nothing of rank
+// 0's life: the next save's waiter waits, and does not call rank 0 dead.
+TEST(FileCoordinatorTest, ARecordWrittenWithoutTheSaveLockSaysNothingOfRankZerosLife) {
+  TempDir tmp;
+  const std::string job = NewJobId();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(
+      auto rank0, NewFileCoordinator(NewPosixBackend(tmp.Sub("store")).value(), MakeRank(0, job),
+                                     WaitMode::kFileLock));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(
+      auto rank1, NewFileCoordinator(NewPosixBackend(tmp.Sub("store")).value(), MakeRank(1, job),
+                                     WaitMode::kFileLock));
+  CKPTIO_ASSERT_OK(
+      rank0->EndSave(1, AttemptOf(1), Status(Code::kResourceExhausted, "no staging memory")));
+  EXPECT_EQ(rank1->PollSaved(1, AttemptOf(1)).status().code(), Code::kResourceExhausted);
+  for (int i = 0; i < 3; ++i) {
+    auto polled = rank1->PollSaved(2, AttemptOf(2));
+    ASSERT_TRUE(polled.ok()) << "rank 0 is alive: " << polled.status();
+    EXPECT_FALSE(*polled);
+  }
+  CKPTIO_ASSERT_OK(rank0->BeginSave(2, AttemptOf(2), milliseconds(2000)));
+  auto polled = rank1->PollSaved(2, AttemptOf(2));
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_FALSE(*polled);
+}
+
+// Rank 0's save lock, as an NFS server forgets it (rank 0 cut off for
+// longer than its lease): Lose() lets the real lock go while rank 0 still
+// holds its handle.
+class LosableLocks : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    auto lock = ForwardingBackend::TryLock(key, mode);
+    if (!lock.ok()) return lock;
+    ++taken;
+    real_ = std::move(*lock);
+    return std::unique_ptr<BackendLock>(std::make_unique<Handle>(this));
+  }
+  void Lose() { real_.reset(); }
+  int taken = 0;
+
+ private:
+  struct Handle : BackendLock {
+    LosableLocks* owner;
+    explicit Handle(LosableLocks* o) : owner(o) {}
+    ~Handle() override { owner->Lose(); }
+  };
+  std::unique_ptr<BackendLock> real_;
+};
+
+// A save lock rank 0 lost between saves is taken again at its next save:
+// until then rank 0 looks dead (it could not reach the storage for a
+// lease), from then on alive again.
+TEST(FileCoordinatorTest, ALostSaveLockIsTakenAgainAtTheNextSave) {
+  TempDir tmp;
+  const std::string job = NewJobId();
+  auto losable = std::make_shared<LosableLocks>(NewPosixBackend(tmp.Sub("store")).value());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto rank0,
+                              NewFileCoordinator(losable, MakeRank(0, job), WaitMode::kFileLock));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(
+      auto rank1, NewFileCoordinator(NewPosixBackend(tmp.Sub("store")).value(), MakeRank(1, job),
+                                     WaitMode::kFileLock));
+  CKPTIO_ASSERT_OK(rank0->BeginSave(1, AttemptOf(1), milliseconds(2000)));
+  CKPTIO_ASSERT_OK(rank0->EndSave(1, AttemptOf(1), Status(Code::kInternal, "disk full")));
+  CKPTIO_ASSERT_OK(rank0->BeginSave(2, AttemptOf(2), milliseconds(2000)));
+  EXPECT_EQ(losable->taken, 1) << "a lock still held was taken again";
+  CKPTIO_ASSERT_OK(rank0->EndSave(2, AttemptOf(2), Status(Code::kInternal, "disk full")));
+  losable->Lose();
+  EXPECT_EQ(rank1->PollSaved(3, AttemptOf(3)).status().code(), Code::kAborted);
+  CKPTIO_ASSERT_OK(rank0->BeginSave(3, AttemptOf(3), milliseconds(2000)));
+  EXPECT_EQ(losable->taken, 2) << "the lost lock was not taken again";
+  auto polled = rank1->PollSaved(3, AttemptOf(3));
+  ASSERT_TRUE(polled.ok()) << "rank 0 has its lock again: " << polled.status();
+  EXPECT_FALSE(*polled);
 }
 
 // Fails reads of LATEST and of published records with UNAVAILABLE (as an

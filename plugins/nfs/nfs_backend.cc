@@ -1152,17 +1152,25 @@ class NfsBackend : public StorageBackend {
     std::lock_guard<FairMutex> g(c_->mu);
     CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     {
+      // Ours, unless lost: a v3 lease another client broke, or a v4 lock
+      // whose renewal failed (then the server says whether it still holds it).
       std::lock_guard<std::mutex> l(c_->locks_mu);
       auto it = c_->held.find(std::string(key));
-      if (it != c_->held.end() && !it->second.lost) return true;
+      if (it != c_->held.end() && !it->second.lost && !Broken(it->second)) return true;
     }
     const std::string path = c_->Path(key);
     if (c_->options.version == 3) {
-      std::string record;
-      Status s = c_->ReadSmallFile(path, &record);
-      if (s.code() == Code::kNotFound) return false;
-      CKPTIO_RETURN_IF_ERROR(s);
-      return !LeaseExpired(record);
+      // Expired on two reads, past a renewal period of grace: a read
+      // racing the holder's rewrite, or a renewal a slow server held up
+      // for a moment, does not pass for a dead holder.
+      for (int read = 0; read < 2; ++read) {
+        std::string record;
+        Status s = c_->ReadSmallFile(path, &record);
+        if (s.code() == Code::kNotFound) return false;
+        CKPTIO_RETURN_IF_ERROR(s);
+        if (!LeaseExpired(record, c_->options.lease / 3)) return true;
+      }
+      return false;
     }
     struct nfsfh* fh = nullptr;
     int rc = nfs_open(c_->ctx, path.c_str(), O_RDONLY, &fh);
@@ -1289,10 +1297,16 @@ class NfsBackend : public StorageBackend {
     return OkStatus();
   }
 
-  static bool LeaseExpired(const std::string& record) {
+  static bool LeaseExpired(const std::string& record,
+                           std::chrono::milliseconds grace = std::chrono::milliseconds(0)) {
     size_t at = record.find("expires_ms=");
     if (at == std::string::npos) return true;  // torn or foreign: treat as stale
-    return NowMs() > std::atoll(record.c_str() + at + 11);
+    return NowMs() > std::atoll(record.c_str() + at + 11) + grace.count();
+  }
+  static bool Broken(const Connection::Held& h) {
+    if (!h.v4) return false;
+    std::lock_guard<std::mutex> s(h.v4->mu);
+    return h.v4->broken;
   }
 
   // v3: create the lease file with our record, breaking an expired one

@@ -905,6 +905,82 @@ TEST_P(NfsV4Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
   holder.reset();  // joins the keepalive thread before the hook's captures go
 }
 
+// NFSv4 locks: a lock whose renewals fail is not taken for held by its own
+// process: IsLocked asks the server, which still holds it until this
+// client's lease there runs out (10 s in the test server), and then not.
+// (A file-lock rank 0 takes its save lock again then.)
+TEST_P(NfsV4Faults, ALockWhoseRenewalsFailIsHeldOnlyWhileTheServerSaysSo) {
+  std::atomic<int> failed{0};
+  auto holder = Backend("lease_ms=3000");  // renewed every second
+  ASSERT_TRUE(holder);
+  auto lock = holder->TryLock("lk");
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  {
+    nfs_hooks::Hooks h;
+    h.pread = [&failed, test_thread = std::this_thread::get_id()](
+                  nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+      if (std::this_thread::get_id() == test_thread)
+        return nfs_hooks::RealPread(n, fh, off, count, buf);
+      ++failed;  // a renewal: the lock's connection is gone
+      return nfs_hooks::Fail(n, -EIO, "nfs_service failed");
+    };
+    nfs_hooks::Scope scope(h);
+    const auto t0 = Clock::now();
+    while (failed == 0 && Clock::now() - t0 < milliseconds(5000))
+      std::this_thread::sleep_for(milliseconds(5));
+    ASSERT_GT(failed.load(), 0) << "no renewal within 5 s";
+    auto locked = holder->IsLocked("lk");
+    ASSERT_TRUE(locked.ok()) << locked.status();
+    EXPECT_TRUE(*locked) << "the server still holds the lock";
+    bool freed = false;
+    while (!freed && Clock::now() - t0 < milliseconds(60000)) {
+      std::this_thread::sleep_for(milliseconds(500));
+      locked = holder->IsLocked("lk");
+      ASSERT_TRUE(locked.ok()) << locked.status();
+      freed = !*locked;
+    }
+    EXPECT_TRUE(freed) << "a lock the server let go still counts as held after " << MsSince(t0)
+                       << " ms";
+    auto taken = backend_->TryLock("lk");
+    EXPECT_TRUE(taken.ok()) << taken.status();
+    lock->reset();
+  }
+  holder.reset();  // joins the keepalive thread before the hook's captures go
+}
+
+// NFSv3 lease locks: IsLocked takes a lease for expired only past a third
+// of a lease of grace, and on two reads: a holder's renewal that lands
+// between them (a slow server held it up; a read raced its rewrite) keeps
+// the lock held.
+TEST_P(NfsV3Faults, IsLockedGivesALeaseGraceAndReadsItTwice) {
+  auto other = Backend("lease_ms=3000");
+  ASSERT_TRUE(other);
+  auto lease = [](int64_t expires_ms) {
+    return "ckptio-lease owner=holder expires_ms=" + std::to_string(expires_ms) + "\n";
+  };
+  auto locked = [&] {
+    auto r = other->IsLocked("lk");
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() && *r;
+  };
+  ReplaceLocal(dir_ + "/lk", lease(UnixMs() - 500));
+  EXPECT_TRUE(locked()) << "expired by 500 ms, within the grace of 1000 ms";
+  ReplaceLocal(dir_ + "/lk", lease(UnixMs() - 60000));
+  EXPECT_FALSE(locked()) << "expired a minute ago";
+  {
+    std::atomic<bool> renewed{false};
+    nfs_hooks::Hooks h;
+    h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+      int rc = nfs_hooks::RealPread(n, fh, off, count, buf);
+      if (!renewed.exchange(true)) ReplaceLocal(dir_ + "/lk", lease(UnixMs() + 3000));
+      return rc;
+    };
+    nfs_hooks::Scope scope(h);
+    EXPECT_TRUE(locked()) << "one read of an expired lease, renewed right after, passed for free";
+    EXPECT_TRUE(renewed.load());
+  }
+}
+
 // NFSv3 lease locks: a holder whose lease another client took over (it was
 // paused past its lease) does not write its record back over the new one.
 TEST_P(NfsV3Faults, ARenewalLeavesANewHoldersLeaseAlone) {

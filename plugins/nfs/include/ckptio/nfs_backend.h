@@ -41,9 +41,9 @@
 // on a connection of its own, only while the file still holds our record,
 // else the lock is lost and left to its new holder; a file missing for
 // longer than the lease is lost too; breakable by others once expired, and
-// only when what was moved aside is positively the expired record); shared locks
-// are Unimplemented, so the file-lock wait mode needs v4 (or the manifest
-// wait mode, which works on both).
+// only when what was moved aside is positively the expired record); shared
+// locks are Unimplemented. IsLocked: an unexpired lease (by this host's
+// clock, a lease/3 of grace, expired on two reads), or a lock held here.
 //
 // Errors: a broken connection (libnfs: EFAULT, or EIO from its event loop)
 // and a timeout are Unavailable; only an NFS STALE error (a name replaced
