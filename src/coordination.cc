@@ -143,12 +143,23 @@ class FileCoordinator : public Coordinator {
     // gone for good, and its last record is final. Waiters only test the
     // lock, never take it, so they never keep rank 0 from it.
     if (mode_ != WaitMode::kFileLock || !record.ok() || !UnderLock(*record, attempt)) return false;
-    CKPTIO_ASSIGN_OR_RETURN(bool held, backend_->IsLocked(kSaveLockKey));
-    if (held) return false;
+    auto held = [&]() -> Result<bool> {
+      auto r = backend_->IsLocked(kSaveLockKey);
+      if (!r.ok() && r.status().code() == Code::kUnimplemented)
+        return r.status().WithContext(
+            "the file-lock wait mode tests rank 0's save lock: use the manifest wait mode");
+      return r;
+    };
+    CKPTIO_ASSIGN_OR_RETURN(bool locked, held());
+    if (locked) return false;
     record = ReadRecord(kSaveRecordKey, kSaveFormat);
     CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt, record));
     if (committed) return true;
     if (!record.ok()) return false;
+    // Still free: the record was read with nobody on the lock, so it is
+    // rank 0's last (not one of a rank 0 that took a lost lock again).
+    CKPTIO_ASSIGN_OR_RETURN(locked, held());
+    if (locked) return false;
     CKPTIO_RETURN_IF_ERROR(Ended(*record, step, attempt));
     const std::string last = Field(*record, "attempt"), state = Field(*record, "state");
     const bool inside = last == attempt && state == "saving";      // died inside this save

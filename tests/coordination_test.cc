@@ -22,11 +22,13 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckptio/ckptio.h"
@@ -1224,6 +1226,40 @@ TEST(FileCoordinatorTest, ALostSaveLockIsTakenAgainAtTheNextSave) {
   EXPECT_EQ(losable->taken, 2) << "the lost lock was not taken again";
   auto polled = rank1->PollSaved(3, AttemptOf(3));
   ASSERT_TRUE(polled.ok()) << "rank 0 has its lock again: " << polled.status();
+  EXPECT_FALSE(*polled);
+}
+
+// Runs `then` once, right after the first IsLocked that finds a lock free.
+class OnFirstFreeLock : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<bool> IsLocked(std::string_view key) override {
+    auto r = ForwardingBackend::IsLocked(key);
+    if (r.ok() && !*r && then) std::exchange(then, nullptr)();
+    return r;
+  }
+  std::function<void()> then;
+};
+
+// Rank 0 takes its lost save lock again and begins a save just after a
+// waiter found the lock free: the record the waiter reads next is of a
+// live rank 0, and it must not be taken for rank 0's last word.
+TEST(FileCoordinatorTest, ASaveLockTakenAgainWhileAWaiterLooksIsNoDeath) {
+  TempDir tmp;
+  const std::string job = NewJobId();
+  auto losable = std::make_shared<LosableLocks>(NewPosixBackend(tmp.Sub("store")).value());
+  auto looking = std::make_shared<OnFirstFreeLock>(NewPosixBackend(tmp.Sub("store")).value());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto rank0,
+                              NewFileCoordinator(losable, MakeRank(0, job), WaitMode::kFileLock));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto rank1,
+                              NewFileCoordinator(looking, MakeRank(1, job), WaitMode::kFileLock));
+  CKPTIO_ASSERT_OK(rank0->BeginSave(1, AttemptOf(1), milliseconds(2000)));
+  CKPTIO_ASSERT_OK(rank0->EndSave(1, AttemptOf(1), Status(Code::kInternal, "disk full")));
+  losable->Lose();
+  looking->then = [&] { CKPTIO_EXPECT_OK(rank0->BeginSave(2, AttemptOf(2), milliseconds(2000))); };
+  auto polled = rank1->PollSaved(2, AttemptOf(2));
+  EXPECT_EQ(losable->taken, 2) << "rank 0 did not take its lock again while the waiter looked";
+  ASSERT_TRUE(polled.ok()) << "rank 0 is alive and saving: " << polled.status();
   EXPECT_FALSE(*polled);
 }
 

@@ -26,10 +26,10 @@
 //              lock (fcntl locks are not fair: many waiters taking it in turn
 //              could starve rank 0); once rank 0's record is of their
 //              Checkpointer they test it (F_GETLK; NFS: LOCKT, v3 lease). If
-//              it is free, rank 0 died (or closed the Checkpointer), in a save
-//              or between saves: they fail at once ("writer died before
-//              committing step N"), not at the deadline. If rank 0 dies before
-//              its first save's record is durable, they end at the deadline.
+//              free, rank 0 died, closed the Checkpointer or lost the lock (an
+//              NFS lease ran out), in a save or between saves: they fail at
+//              once ("writer died before committing step N"), not at the
+//              deadline; those before its first save's record, at the deadline.
 //   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so

@@ -380,6 +380,7 @@ class Connection {
     bool released = false;         // released while renewing: the renewal unlocks
     bool ended = false;            // unlocked, or being unlocked: no more READs
     bool broken = false;           // a READ timed out or its connection failed
+    bool unrenewed = false;        // the last renewal READ failed, whatever the error
   };
   // Held locks, by key; renewed by `keepalive` while any is held.
   struct Held {
@@ -496,6 +497,7 @@ class Connection {
       std::lock_guard<std::mutex> s(l.mu);
       l.renewing = false;
       l.broken = l.broken || kind == Kind::kTimeout || kind == Kind::kTransport;
+      l.unrenewed = rc < 0;  // e.g. NFS4ERR_EXPIRED after a pause past the lease
       end = l.released;
       l.ended = l.ended || end;
     }
@@ -1149,21 +1151,28 @@ class NfsBackend : public StorageBackend {
 
   Result<bool> IsLockedOnce(std::string_view key) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-    std::lock_guard<FairMutex> g(c_->mu);
+    std::unique_lock<FairMutex> g(c_->mu);
     CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     {
       // Ours, unless lost: a v3 lease another client broke, or a v4 lock
-      // whose renewal failed (then the server says whether it still holds it).
+      // whose last renewal failed (the server says whether it still is).
       std::lock_guard<std::mutex> l(c_->locks_mu);
       auto it = c_->held.find(std::string(key));
       if (it != c_->held.end() && !it->second.lost && !Broken(it->second)) return true;
     }
     const std::string path = c_->Path(key);
     if (c_->options.version == 3) {
-      // Expired on two reads, past a renewal period of grace: a read
-      // racing the holder's rewrite, or a renewal a slow server held up
-      // for a moment, does not pass for a dead holder.
+      // Expired past a renewal period of grace, on two reads up to a
+      // second apart: a read racing the holder's rewrite, or a renewal held
+      // up by a server that stalled, does not pass for a dead holder.
       for (int read = 0; read < 2; ++read) {
+        if (read > 0) {
+          g.unlock();  // other calls go on meanwhile
+          std::this_thread::sleep_for(
+              std::min<std::chrono::milliseconds>(c_->options.lease / 3, std::chrono::seconds(1)));
+          g.lock();
+          CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
+        }
         std::string record;
         Status s = c_->ReadSmallFile(path, &record);
         if (s.code() == Code::kNotFound) return false;
@@ -1306,7 +1315,7 @@ class NfsBackend : public StorageBackend {
   static bool Broken(const Connection::Held& h) {
     if (!h.v4) return false;
     std::lock_guard<std::mutex> s(h.v4->mu);
-    return h.v4->broken;
+    return h.v4->broken || h.v4->unrenewed;
   }
 
   // v3: create the lease file with our record, breaking an expired one

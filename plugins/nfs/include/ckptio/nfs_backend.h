@@ -34,16 +34,16 @@
 // Locks: NFSv4 byte-range locks (LOCK/LOCKT, exclusive or shared, over the
 // first byte), each on a connection of its own, kept alive by a thread that
 // renews the client's lease while any lock is held; a dead client's locks go
-// when its lease expires. IsLocked is true only for NFS4ERR_DENIED; a LOCKT
-// that fails otherwise is an error. NFSv3 has no lock call in libnfs:
-// exclusive locks are lease files (the record is written to a temp and
-// LINKed into place, so a lease is never seen empty; renewed every lease/3,
-// on a connection of its own, only while the file still holds our record,
-// else the lock is lost and left to its new holder; a file missing for
-// longer than the lease is lost too; breakable by others once expired, and
-// only when what was moved aside is positively the expired record); shared
-// locks are Unimplemented. IsLocked: an unexpired lease (by this host's
-// clock, a lease/3 of grace, expired on two reads), or a lock held here.
+// when its lease expires. IsLocked: a lock held here (whose last renewal
+// went through), else LOCKT's NFS4ERR_DENIED (other failures are errors).
+// NFSv3 has no lock call in libnfs: exclusive locks are lease files (the
+// record is written to a temp and LINKed into place, so a lease is never
+// seen empty; renewed every lease/3, on a connection of its own, only while
+// the file still holds our record, else the lock is lost and left to its
+// new holder; a file missing for longer than the lease is lost too;
+// breakable by others once expired, and only when what was moved aside is
+// positively the expired record); no shared locks. IsLocked: a lease held
+// here, or one not expired by lease/3 (this host's clock) on two reads up to 1 s apart.
 //
 // Errors: a broken connection (libnfs: EFAULT, or EIO from its event loop)
 // and a timeout are Unavailable; only an NFS STALE error (a name replaced
