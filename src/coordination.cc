@@ -94,39 +94,41 @@ class FileCoordinator : public Coordinator {
     return s.code() == Code::kUnavailable && s.message().rfind(kRankZeroFailed, 0) != 0;
   }
 
+  Status Opened(std::string_view scope, std::chrono::milliseconds timeout) override {
+    scope_ = std::string(scope);
+    if (mode_ != WaitMode::kFileLock || rank_.rank != 0 || rank_.world_size < 2) return OkStatus();
+    CKPTIO_RETURN_IF_ERROR(TakeSaveLock(timeout, "as the Checkpointer opens"));
+    // The record replaced may end a save of this job's previous Checkpointer
+    // whose waiters have not read it yet: carry its outcome on.
+    auto replaced = ReadRecord(kSaveRecordKey, kSaveFormat);
+    if (replaced.ok() && Field(*replaced, "job") == job_ &&
+        (Field(*replaced, "state") == "committed" || Field(*replaced, "state") == "failed"))
+      Remember(Field(*replaced, "step"), Field(*replaced, "attempt"), Field(*replaced, "state"),
+               Field(*replaced, "code"), Field(*replaced, "message"));
+    return WriteRecord("", scope_ + ".0", "open", OkStatus());
+  }
+
   Status BeginSave(int64_t step, std::string_view attempt,
                    std::chrono::milliseconds timeout) override {
-    // File lock: taken at this Checkpointer's first save and held until it
-    // goes (see PollSaved), but taken again if it was lost (an NFS lease
-    // that ran out while rank 0 was cut off from the server).
+    // File lock: taken as the Checkpointer opens (or at its first save) and
+    // held until it goes (see PollSaved), but taken again if it was lost
+    // (an NFS lease that ran out while rank 0 was cut off from the server).
     if (mode_ == WaitMode::kFileLock && save_lock_) {
       auto held = backend_->IsLocked(kSaveLockKey);
       if (held.ok() && !*held) save_lock_.reset();
     }
-    if (mode_ == WaitMode::kFileLock && !save_lock_) {
-      Backoff backoff(DeadlineAfter(timeout));
-      while (true) {
-        auto lock = backend_->TryLock(kSaveLockKey, LockMode::kExclusive);
-        if (lock.ok()) {
-          save_lock_ = std::move(*lock);
-          break;
-        }
-        if (lock.status().code() != Code::kFailedPrecondition || !backoff.Wait())
-          return lock.status().WithContext("taking the save lock for step " + std::to_string(step));
-      }
-    }
-    return WriteRecord(step, attempt, "saving", OkStatus());
+    if (mode_ == WaitMode::kFileLock && !save_lock_)
+      CKPTIO_RETURN_IF_ERROR(TakeSaveLock(timeout, "for step " + std::to_string(step)));
+    return WriteRecord(std::to_string(step), attempt, "saving", OkStatus());
   }
 
   Status EndSave(int64_t step, std::string_view attempt, const Status& outcome) override {
-    Status s = WriteRecord(step, attempt, outcome.ok() ? "committed" : "failed", outcome);
+    Status s =
+        WriteRecord(std::to_string(step), attempt, outcome.ok() ? "committed" : "failed", outcome);
     // The next record carries this outcome: a waiter that reads the record
     // only after rank 0 began its next save still learns it.
-    previous_ = {{"prev_step", std::to_string(step)},
-                 {"prev_attempt", std::string(attempt)},
-                 {"prev_state", outcome.ok() ? "committed" : "failed"},
-                 {"prev_code", std::to_string(static_cast<int>(outcome.code()))},
-                 {"prev_message", Capped(outcome.message())}};
+    Remember(std::to_string(step), attempt, outcome.ok() ? "committed" : "failed",
+             std::to_string(static_cast<int>(outcome.code())), Capped(outcome.message()));
     return s;
   }
 
@@ -137,44 +139,24 @@ class FileCoordinator : public Coordinator {
     CKPTIO_ASSIGN_OR_RETURN(bool committed, IsCommitted(step, attempt, record));
     if (committed) return true;
     if (record.ok()) CKPTIO_RETURN_IF_ERROR(Ended(*record, step, attempt));
-    // File lock: from this Checkpointer's (scope's) first save on, rank 0
-    // holds the save lock until the Checkpointer goes, and says so in each
-    // record. Such a record of the scope and nobody on the lock: rank 0 is
-    // gone for good, and its last record is final. Waiters only test the
-    // lock, never take it, so they never keep rank 0 from it.
-    if (mode_ != WaitMode::kFileLock || !record.ok() || !UnderLock(*record, attempt)) return false;
-    auto held = [&]() -> Result<bool> {
-      auto r = backend_->IsLocked(kSaveLockKey);
-      if (!r.ok() && r.status().code() == Code::kUnimplemented)
-        return r.status().WithContext(
-            "the file-lock wait mode tests rank 0's save lock: use the manifest wait mode");
-      return r;
-    };
-    CKPTIO_ASSIGN_OR_RETURN(bool locked, held());
-    if (locked) return false;
-    record = ReadRecord(kSaveRecordKey, kSaveFormat);
-    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt, record));
+    // File lock: rank 0 gone for good (its last record is final)?
+    CKPTIO_ASSIGN_OR_RETURN(auto last, LastRecordIfRankZeroGone(Scope(attempt), record));
+    if (!last) return false;
+    CKPTIO_ASSIGN_OR_RETURN(committed, IsCommitted(step, attempt, *last));
     if (committed) return true;
-    if (!record.ok()) return false;
-    // Still free: the record was read with nobody on the lock, so it is
-    // rank 0's last (not one of a rank 0 that took a lost lock again).
-    CKPTIO_ASSIGN_OR_RETURN(locked, held());
-    if (locked) return false;
-    CKPTIO_RETURN_IF_ERROR(Ended(*record, step, attempt));
-    const std::string last = Field(*record, "attempt"), state = Field(*record, "state");
-    const bool inside = last == attempt && state == "saving";      // died inside this save
-    const bool before = last != attempt && !Later(last, attempt);  // before beginning it
-    if (!UnderLock(*record, attempt) || !(inside || before)) return false;
-    const std::string why =
-        inside ? "released the save lock without committing"
-               : "released the save lock before it began this save (its last save, of step " +
-                     Field(*record, "step") + ", " + (state == "saving" ? "unfinished" : state) +
-                     "): it died, or closed its Checkpointer";
-    return Status(Code::kAborted, "writer died before committing step " + std::to_string(step) +
-                                      ": rank 0 (" + Field(*record, "host") + ", pid " +
-                                      Field(*record, "pid") + ") " + why +
-                                      "; the newest committed checkpoint is intact: restart the "
-                                      "job to resume from it");
+    CKPTIO_RETURN_IF_ERROR(Ended(*last, step, attempt));
+    const std::string at = Field(*last, "attempt"), state = Field(*last, "state");
+    const bool inside = at == attempt && state == "saving";    // died inside this save
+    const bool before = at != attempt && !Later(at, attempt);  // before beginning it
+    if (!(inside || before)) return false;
+    std::string why = "released the save lock without committing";
+    if (before && state == "open")
+      why = "released the save lock before its first save: it died, or closed its Checkpointer";
+    else if (before)
+      why = "released the save lock before it began this save (its last save, of step " +
+            Field(*last, "step") + ", " + (state == "saving" ? "unfinished" : state) +
+            "): it died, or closed its Checkpointer";
+    return WriterDied("committing step " + std::to_string(step), *last, why);
   }
 
   Status Publish(const std::string& name, const std::string& payload) override {
@@ -196,20 +178,22 @@ class FileCoordinator : public Coordinator {
   Result<std::string> WaitFor(const std::string& name, std::chrono::milliseconds timeout) override {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(name));
     Backoff backoff(DeadlineAfter(timeout));
+    auto next_check = std::chrono::steady_clock::now();  // of rank 0's life (file lock)
     while (true) {
-      // Over the limit is final (a publisher refuses such a record; a
-      // rewrite of it would not shrink it in time): no retrying.
-      auto record = ReadRecord(DecisionKey(name), kDecisionFormat, kMaxDecisionBytes);
-      if (record.ok() && Field(*record, "job") == job_ && record->count("payload"))
-        return Field(*record, "payload");
-      const bool failing = !record.ok() && record.status().code() != Code::kNotFound &&
-                           record.status().code() != Code::kDataLoss;
-      if (failing && !Transient(record.status())) return record.status();
+      auto decision = ReadDecision(name);
+      if (decision.ok() && *decision) return **decision;
+      const bool failing = !decision.ok();
+      if (failing && !Transient(decision.status())) return decision.status();
+      if (!failing && std::chrono::steady_clock::now() >= next_check) {
+        next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        CKPTIO_ASSIGN_OR_RETURN(auto published, PublisherGone(name));
+        if (published) return *published;
+      }
       if (!backoff.Wait()) {
         if (failing)
-          return record.status().WithContext("still failing at the deadline (" +
-                                             std::to_string(timeout.count()) +
-                                             " ms) of waiting for \"" + name + "\"");
+          return decision.status().WithContext("still failing at the deadline (" +
+                                               std::to_string(timeout.count()) +
+                                               " ms) of waiting for \"" + name + "\"");
         return Status(Code::kDeadlineExceeded,
                       "timed out after " + std::to_string(timeout.count()) + " ms waiting for \"" +
                           name + "\" to be published (wait mode " +
@@ -225,6 +209,86 @@ class FileCoordinator : public Coordinator {
   }
 
  private:
+  using Record = std::map<std::string, std::string>;
+
+  Status TakeSaveLock(std::chrono::milliseconds timeout, const std::string& when) {
+    Backoff backoff(DeadlineAfter(timeout));
+    while (true) {
+      auto lock = backend_->TryLock(kSaveLockKey, LockMode::kExclusive);
+      if (lock.ok()) {
+        save_lock_ = std::move(*lock);
+        return OkStatus();
+      }
+      if (lock.status().code() != Code::kFailedPrecondition || !backoff.Wait())
+        return lock.status().WithContext("taking the save lock " + when);
+    }
+  }
+
+  // File lock: rank 0's last record if rank 0 of `scope` is gone for good:
+  // `record` and the one returned are of that scope, written holding the
+  // save lock (from rank 0's Opened or first save on), and nobody was on the
+  // lock before or after the second was read (so it is not a record of a
+  // rank 0 that took a lost lock again meanwhile). Waiters only test the
+  // lock, never take it, so they never keep rank 0 from it.
+  Result<std::optional<Record>> LastRecordIfRankZeroGone(std::string_view scope,
+                                                         const Result<Record>& record) {
+    const std::optional<Record> not_gone;
+    if (mode_ != WaitMode::kFileLock || !record.ok() || !UnderLock(*record, scope)) return not_gone;
+    auto held = [&]() -> Result<bool> {
+      auto r = backend_->IsLocked(kSaveLockKey);
+      if (!r.ok() && r.status().code() == Code::kUnimplemented)
+        return r.status().WithContext(
+            "the file-lock wait mode tests rank 0's save lock: use the manifest wait mode");
+      return r;
+    };
+    CKPTIO_ASSIGN_OR_RETURN(bool locked, held());
+    if (locked) return not_gone;
+    auto last = ReadRecord(kSaveRecordKey, kSaveFormat);
+    if (!last.ok()) return not_gone;
+    CKPTIO_ASSIGN_OR_RETURN(locked, held());
+    if (locked || !UnderLock(*last, scope)) return not_gone;
+    return std::optional<Record>(*std::move(last));
+  }
+
+  // The payload published under `name` for this job; nullopt while there
+  // is none (absent, torn, another job's). Over the size limit is final (a
+  // publisher refuses such a record; a rewrite would not shrink it in time).
+  Result<std::optional<std::string>> ReadDecision(const std::string& name) {
+    auto record = ReadRecord(DecisionKey(name), kDecisionFormat, kMaxDecisionBytes);
+    if (record.ok() && Field(*record, "job") == job_ && record->count("payload"))
+      return std::optional<std::string>(Field(*record, "payload"));
+    if (!record.ok() && record.status().code() != Code::kNotFound &&
+        record.status().code() != Code::kDataLoss)
+      return record.status();
+    return std::optional<std::string>();
+  }
+
+  // A waiting rank's check on rank 0 in WaitFor (file lock, after Opened):
+  // if rank 0 is gone, the payload it published before it let the save lock
+  // go (read again now), or ABORTED. nullopt while rank 0 may still publish,
+  // or when the check itself failed: it only ever shortens a wait, never
+  // turns a storage hiccup into a failure. Rank 0 waits only for receipts.
+  Result<std::optional<std::string>> PublisherGone(const std::string& name) {
+    const std::optional<std::string> waiting;
+    if (mode_ != WaitMode::kFileLock || scope_.empty() || rank_.rank == 0) return waiting;
+    auto last = LastRecordIfRankZeroGone(scope_, ReadRecord(kSaveRecordKey, kSaveFormat));
+    if (!last.ok() && last.status().code() == Code::kUnimplemented) return last.status();
+    if (!last.ok() || !*last) return waiting;
+    auto decision = ReadDecision(name);
+    if (!decision.ok()) return waiting;
+    if (*decision) return decision;
+    return WriterDied("publishing its decision \"" + name + "\"", **last,
+                      "released the save lock: it died, or closed its Checkpointer");
+  }
+
+  static Status WriterDied(const std::string& before, const Record& last, const std::string& why) {
+    return Status(Code::kAborted, "writer died before " + before + ": rank 0 (" +
+                                      Field(last, "host") + ", pid " + Field(last, "pid") + ") " +
+                                      why +
+                                      "; the newest committed checkpoint is intact: restart the "
+                                      "job to resume from it");
+  }
+
   static std::string DecisionKey(const std::string& name) { return ".coord/decision-" + name; }
   // A decision record may carry a stripe receipt, which lists every chunk
   // and tensor of a rank's part: as large as a manifest may be.
@@ -284,12 +348,12 @@ class FileCoordinator : public Coordinator {
   static std::string_view Scope(std::string_view attempt) {
     return attempt.substr(0, attempt.rfind('.'));
   }
-  bool OfScope(const std::map<std::string, std::string>& r, std::string_view attempt) const {
-    return Field(r, "job") == job_ && Scope(Field(r, "attempt")) == Scope(attempt);
+  bool OfScope(const Record& r, std::string_view scope) const {
+    return Field(r, "job") == job_ && Scope(Field(r, "attempt")) == scope;
   }
-  // Written by rank 0 of `attempt`'s Checkpointer holding the save lock.
-  bool UnderLock(const std::map<std::string, std::string>& r, std::string_view attempt) const {
-    return OfScope(r, attempt) && Field(r, "lock") == "held";
+  // Written by rank 0 of Checkpointer `scope` holding the save lock.
+  bool UnderLock(const Record& r, std::string_view scope) const {
+    return OfScope(r, scope) && Field(r, "lock") == "held";
   }
 
   // "<scope>.<k>" of the same scope with a larger k.
@@ -314,7 +378,7 @@ class FileCoordinator : public Coordinator {
   // manifest alone decides.
   bool SaysFinal(const std::map<std::string, std::string>& r, int64_t step,
                  std::string_view attempt) const {
-    if (!OfScope(r, attempt)) return true;
+    if (!OfScope(r, Scope(attempt))) return true;
     if (Mine(r, step, attempt)) return Field(r, "state") == "committed";
     if (Field(r, "prev_step") == std::to_string(step) && Field(r, "prev_attempt") == attempt)
       return Field(r, "prev_state") == "committed";
@@ -378,11 +442,22 @@ class FileCoordinator : public Coordinator {
     return ParseRecord(bytes, format, backend_->Uri() + "/" + std::string(key), max_bytes);
   }
 
-  Status WriteRecord(int64_t step, std::string_view attempt, const std::string& state,
+  // A save's outcome, for the prev_* fields of the records that follow.
+  void Remember(const std::string& step, std::string_view attempt, const std::string& state,
+                const std::string& code, const std::string& message) {
+    previous_ = {{"prev_step", step},
+                 {"prev_attempt", std::string(attempt)},
+                 {"prev_state", state},
+                 {"prev_code", code},
+                 {"prev_message", message}};
+  }
+
+  // `step` is empty in the "open" record (rank 0's Opened).
+  Status WriteRecord(const std::string& step, std::string_view attempt, const std::string& state,
                      const Status& outcome) {
-    std::map<std::string, std::string> fields = previous_;
+    Record fields = previous_;
     fields.insert({{"job", job_},
-                   {"step", std::to_string(step)},
+                   {"step", step},
                    {"attempt", std::string(attempt)},
                    {"state", state},
                    {"host", HostName()},
@@ -399,6 +474,7 @@ class FileCoordinator : public Coordinator {
   RankInfo rank_;
   std::string job_;  // hash of the job id: records of other launches never match
   WaitMode mode_;
+  std::string scope_;  // named by Opened: WaitFor then tests rank 0's life (file lock)
   std::unique_ptr<BackendLock> save_lock_;
   std::map<std::string, std::string> previous_;  // rank 0: prev_* fields, the last outcome
 };

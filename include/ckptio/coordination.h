@@ -21,15 +21,17 @@
 //   kManifest  waiters poll LATEST by opening and reading it (never stat or
 //              mtime, which lie on NFS), backing off from 1 ms to 50 ms.
 //   kFileLock  rank 0 holds an exclusive fcntl lock on <store>/.save-lock from
-//              its Checkpointer's first save until that Checkpointer is gone,
-//              writing its save records under it. Waiters never take the
+//              its Checkpointer's Open (or first save) until the Checkpointer
+//              is gone, writing its save records under it. Waiters never take the
 //              lock (fcntl locks are not fair: many waiters taking it in turn
 //              could starve rank 0); once rank 0's record is of their
 //              Checkpointer they test it (F_GETLK; NFS: LOCKT, v3 lease). If
 //              free, rank 0 died, closed the Checkpointer or lost the lock (an
-//              NFS lease ran out), in a save or between saves: they fail at
-//              once ("writer died before committing step N"), not at the
-//              deadline; those before its first save's record, at the deadline.
+//              NFS lease ran out), in a save, between saves or before its first
+//              decision: they fail at once ("writer died before ..."), not at
+//              the deadline. Rank 0 takes the lock and writes its first record
+//              as its Checkpointer opens (Opened); a waiter that began before
+//              that record is durable waits as in kManifest until it is.
 //   kStore     a c10d::Store (e.g. the trainer's TCPStore) carries the outcome;
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so
@@ -67,6 +69,17 @@ class Coordinator {
   virtual ~Coordinator() = default;
   virtual WaitMode mode() const = 0;
 
+  // Every rank, once, as its Checkpointer opens: `scope` names that
+  // Checkpointer (its attempts are "<scope>.<k>", its decisions carry it).
+  // File lock: rank 0 (of several) takes the save lock, waiting up to
+  // `timeout`, and records that it holds it, so that the others learn of
+  // its death while they wait for its first decision. Without it, rank 0
+  // takes the lock at its first BeginSave and WaitFor ends at the deadline.
+  virtual Status Opened(std::string_view scope, std::chrono::milliseconds timeout) {
+    (void)scope, (void)timeout;
+    return OkStatus();
+  }
+
   // `attempt`: the save's name, the same on every rank ([A-Za-z0-9._-]).
   // Rank 0, before writing `step`.
   virtual Status BeginSave(int64_t step, std::string_view attempt,
@@ -90,7 +103,8 @@ class Coordinator {
   // WaitSaved's DeadlineExceeded: names the step, the mode and rank 0.
   Status SaveTimedOut(int64_t step, std::chrono::milliseconds timeout) const;
 
-  // Rank 0 publishes `payload` under `name`; the others wait for it.
+  // Rank 0 publishes `payload` under `name`; the others wait for it (file
+  // lock, after Opened: ABORTED at once if rank 0 is gone without it).
   virtual Status Publish(const std::string& name, const std::string& payload) = 0;
   virtual Result<std::string> WaitFor(const std::string& name,
                                       std::chrono::milliseconds timeout) = 0;

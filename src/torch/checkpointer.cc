@@ -551,6 +551,12 @@ void ApplyTensors(Staged& staged, State& state) {
 
 namespace {
 
+// How long rank 0's Open waits for the store's writer lock and the save
+// lock (a holder that just went may take a moment to let go).
+std::chrono::milliseconds LockWait(const CheckpointerOptions& options) {
+  return std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(30));
+}
+
 // "<16 hex of the job id's hash>.c<n>": the n-th Checkpointer of the job
 // this rank opened on the coordination channel (the store for file-based
 // modes, counted in this process; the c10d store for kStore, counted in the
@@ -560,16 +566,21 @@ namespace {
 // with. Two Checkpointers of one job (model and EMA, on one store or two
 // sharing a TCPStore) never read each other's records or keys, and one
 // opened on some ranks only (rank 0's "best model" store) shifts no other
-// channel's count.
-Result<std::string> ScopeFor(const RankInfo& rank, const CheckpointerOptions& options,
-                             const std::string& store_uri) {
+// channel's count. Tells `coordinator` (Opened); a file-based count is kept
+// only if that succeeds.
+Result<std::string> OpenScope(const RankInfo& rank, const CheckpointerOptions& options,
+                              const std::string& store_uri, Coordinator& coordinator) {
   const std::string job = HashBytes(rank.job_id).Hex().substr(0, 16);
-  if (rank.world_size == 1) return job + ".c0";
+  auto opened = [&](const std::string& scope) -> Result<std::string> {
+    CKPTIO_RETURN_IF_ERROR(coordinator.Opened(scope, LockWait(options)));
+    return scope;
+  };
+  if (rank.world_size == 1) return opened(job + ".c0");
   if (options.wait == WaitMode::kStore) {
     try {
       const int64_t n =
           options.c10d_store->add("ckptio/opened/" + job + "/" + std::to_string(rank.rank), 1);
-      return job + ".c" + std::to_string(n);
+      return opened(job + ".c" + std::to_string(n));
     } catch (const std::exception& e) {
       const std::string text = e.what();  // (LibTorch appends a stack trace)
       return Status(Code::kUnavailable, "c10d store: counting this rank's Checkpointers: " +
@@ -577,10 +588,21 @@ Result<std::string> ScopeFor(const RankInfo& rank, const CheckpointerOptions& op
     }
   }
   static std::mutex mu;
-  static auto* opened = new std::map<std::string, uint64_t>;  // never destroyed
-  std::lock_guard<std::mutex> lock(mu);
-  const uint64_t n = ++(*opened)[std::to_string(rank.rank) + '\0' + job + '\0' + store_uri];
-  return job + ".c" + std::to_string(n);
+  static auto* counts = new std::map<std::string, uint64_t>;  // never destroyed
+  const std::string key = std::to_string(rank.rank) + '\0' + job + '\0' + store_uri;
+  uint64_t n;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    n = ++(*counts)[key];
+  }
+  // Only rank 0's Opened can fail (taking the save lock), and its writer
+  // lock keeps any other Open of this key out until this one returns.
+  auto scope = opened(job + ".c" + std::to_string(n));
+  if (!scope.ok()) {
+    std::lock_guard<std::mutex> lock(mu);
+    --(*counts)[key];
+  }
+  return scope;
 }
 
 }  // namespace
@@ -618,12 +640,11 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
     wo.chunk_size = c->options_.chunk_size;
     wo.world_size = rank.world_size;
     wo.saving_rank = 0;
-    wo.lock_wait =
-        std::min<std::chrono::milliseconds>(c->options_.timeout, std::chrono::seconds(30));
+    wo.lock_wait = LockWait(c->options_);
     CKPTIO_ASSIGN_OR_RETURN(c->writer_, c->store_->OpenWriter(wo));
   }
   // Last: an Open that fails counts on no rank.
-  CKPTIO_ASSIGN_OR_RETURN(c->scope_, ScopeFor(rank, c->options_, shared->Uri()));
+  CKPTIO_ASSIGN_OR_RETURN(c->scope_, OpenScope(rank, c->options_, shared->Uri(), *c->coordinator_));
   return c;
 }
 
@@ -688,9 +709,13 @@ Result<std::string> WaitForGo(Coordinator& c, int64_t step, const std::string& a
                                                  " ms (wait mode " +
                                                  std::string(WaitModeName(c.mode())) + ")");
     auto go = c.WaitFor(StripeGoName(attempt), std::min(left, kSlice));
-    if (go.ok() || go.status().code() != Code::kDeadlineExceeded) return go;
+    const Code code = go.status().code();
+    if (go.ok() || (code != Code::kDeadlineExceeded && code != Code::kAborted)) return go;
+    // The save's own account first: rank 0's failure, or its death (file
+    // lock, which WaitFor also reports) in words of this step.
     auto polled = c.PollSaved(step, attempt);
     if (!polled.ok() && !c.Transient(polled.status())) return polled.status();
+    if (code == Code::kAborted) return go;
   }
 }
 }  // namespace

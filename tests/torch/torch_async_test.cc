@@ -475,22 +475,54 @@ TEST_F(AsyncSaveTest, ACheckpointerOnlyRankZeroOpensElsewhereShiftsNoNames) {
   EXPECT_TRUE(s1.ok()) << "the ranks named the save differently: " << s1;
 }
 
-// Rank 0 gives up on a save before it begins (here: the save lock stays
-// taken past its timeout). The other rank gets rank 0's error at once, not
-// after its own, much longer deadline; plain and striped.
+// Rank 0's backend after it lost its save lock to another holder (an NFS
+// lease that ran out, and a process that took the lock since): Lose() lets
+// the real lock go; from then on rank 0 finds its lock free, and TryLock
+// fails while the other holds it.
+class LosesTheSaveLock : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    auto lock = ForwardingBackend::TryLock(key, mode);
+    if (!lock.ok() || key != ".save-lock") return lock;
+    real_ = std::move(*lock);
+    struct StandIn : BackendLock {};
+    return std::unique_ptr<BackendLock>(std::make_unique<StandIn>());
+  }
+  Result<bool> IsLocked(std::string_view key) override {
+    if (key == ".save-lock" && lost_) return false;
+    return ForwardingBackend::IsLocked(key);
+  }
+  void Lose() {
+    real_.reset();
+    lost_ = true;
+  }
+
+ private:
+  std::unique_ptr<BackendLock> real_;
+  std::atomic<bool> lost_{false};
+};
+
+// Rank 0 gives up on a save before it begins (here: its save lock was lost
+// to another holder, who keeps it past rank 0's timeout). The other rank
+// gets rank 0's error at once, not after its own, much longer deadline;
+// plain and striped.
 TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
   for (bool stripe : {false, true}) {
     SCOPED_TRACE(stripe ? "striped" : "plain");
     const std::string store = dir_.Sub(stripe ? "striped" : "plain");
+    auto losing = std::make_shared<LosesTheSaveLock>(NewPosixBackend(store).value());
     auto open = [&](int r, std::chrono::milliseconds timeout) {
       CheckpointerOptions o;
       o.wait = WaitMode::kFileLock;
       o.timeout = timeout;
       o.stripe = stripe;
+      if (r == 0) o.backend = losing;
       return RankOfTwo(r, "abandon-test", store, o);
     };
     auto c0 = open(0, 300ms), c1 = open(1, 20s);
     ASSERT_TRUE(c0 && c1);
+    losing->Lose();
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, NewPosixBackend(store));
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto held, other->TryLock(".save-lock", LockMode::kExclusive));
     Net net;

@@ -1232,6 +1232,122 @@ TEST_P(TorchRanksTest, LoadWaitsForASlowRankZerosDecision) {
       static_cast<long long>(kSteps));
 }
 
+// A job restarts from step 1, and rank 0 is SIGKILLed after its Open,
+// before it decides which step to load, while the others wait in Load for
+// that decision. File lock: rank 0 holds the save lock from its Open on, so
+// they return ABORTED "writer died" within 1 s of the kill; the other modes
+// wait to the deadline. Either way none loads anything, and a relaunch
+// loads step 1 on every rank.
+TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
+  constexpr milliseconds kWaitTimeout(4000);
+  std::string h1;
+  {
+    Ranks first(NewLaunch(), [&](RankEnv& me) -> int {
+      Trainee t(kInitSeed);
+      auto ckpt = me.Open(kTimeout);
+      if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+      State state = t.state();
+      t.Train(1);
+      Status s = (*ckpt)->Save(1, state);
+      if (!s.ok()) return Fail(me.rank, kExitSaveFailed, "step 1: " + s.ToString());
+      me.Say("trained1 " + t.hash());
+      return kExitOk;
+    });
+    ASSERT_TRUE(first.started());
+    auto t1 = first.Await(0, "trained1", milliseconds(20000));
+    ASSERT_TRUE(t1.has_value() && t1->size() == 1u);
+    h1 = (*t1)[0];
+    EXPECT_ALL_RANKS_EXIT_OK(first, milliseconds(30000));
+    if (HasFailure()) return;
+  }
+
+  // kStore: an agent serves the TCPStore, so that it outlives rank 0.
+  Ranks ranks(NewLaunch(/*agent_serves=*/true), [&](RankEnv& me) -> int {
+    auto ckpt = me.Open(kWaitTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    if (me.rank == 0) {
+      me.Say("opened");
+      for (int i = 0; i < 60; ++i) std::this_thread::sleep_for(milliseconds(1000));
+      return kExitNotKilled;
+    }
+    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    State into = fresh.state();
+    me.Say("waiting " + std::to_string(NowNs()));
+    auto got = (*ckpt)->Load(into);
+    me.Say(FormatRet(
+        got.ok() && !got->has_value() ? Status(Code::kNotFound, "loaded nothing") : got.status(),
+        NowNs()));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+  ASSERT_TRUE(ranks.Await(0, "opened", milliseconds(20000)).has_value())
+      << "rank 0 exit " << ranks.child(0).ExitCode(milliseconds(2000));
+  std::vector<int64_t> wait_start(kWorld, 0);
+  for (int r = 1; r < kWorld; ++r) {
+    auto w = ranks.Await(r, "waiting", milliseconds(20000));
+    ASSERT_TRUE(w.has_value() && w->size() == 1u) << "rank " << r;
+    wait_start[r] = std::stoll((*w)[0]);
+  }
+  std::this_thread::sleep_for(milliseconds(100));  // the waiters are inside Load
+  const int64_t kill_ns = NowNs();
+  ASSERT_EQ(::kill(ranks.child(0).pid(), SIGKILL), 0);
+  EXPECT_EQ(ranks.child(0).ExitCode(milliseconds(5000)), 128 + SIGKILL);
+  int64_t slowest_ms = 0;
+  for (int r = 1; r < kWorld; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto rep = ParseRet(ranks.AwaitLine(r, "ret", kWaitTimeout + milliseconds(6000)));
+    ASSERT_TRUE(rep.has_value()) << "no report from the waiter";
+    if (mode() == WaitMode::kFileLock) {
+      EXPECT_EQ(rep->code, Code::kAborted) << rep->message;
+      EXPECT_NE(rep->message.find("writer died before publishing"), std::string::npos)
+          << rep->message;
+      EXPECT_GE(rep->t_ns, kill_ns) << "called the writer dead while it was alive";
+      const int64_t after_ms = (rep->t_ns - kill_ns) / 1000000;
+      slowest_ms = std::max(slowest_ms, after_ms);
+      EXPECT_LT(after_ms, 1000) << "the death should be noticed within 1 s of the kill";
+    } else {
+      EXPECT_EQ(rep->code, Code::kDeadlineExceeded) << rep->message;
+      const int64_t waited_ms = (rep->t_ns - wait_start[r]) / 1000000;
+      slowest_ms = std::max(slowest_ms, waited_ms);
+      EXPECT_GE(waited_ms, kWaitTimeout.count() - 100) << "gave up before the deadline";
+      EXPECT_LT(waited_ms, kWaitTimeout.count() + 1500) << "ran far past the deadline";
+    }
+  }
+  auto codes = ranks.ExitCodes(milliseconds(10000));
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(codes[r], kExitOk) << "rank " << r;
+  if (HasFailure()) return;
+
+  Ranks again(NewLaunch(), [&](RankEnv& me) -> int {
+    auto ckpt = me.Open(kTimeout);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, "relaunch: " + ckpt.status().ToString());
+    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    State into = fresh.state();
+    auto got = (*ckpt)->Load(into);
+    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
+    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(**got, fresh.hash()));
+    return kExitOk;
+  });
+  ASSERT_TRUE(again.started());
+  for (int r = 0; r < kWorld; ++r) {
+    auto ld = again.Await(r, "loaded", milliseconds(30000));
+    ASSERT_TRUE(ld.has_value()) << "relaunched rank " << r << " exit "
+                                << again.child(r).ExitCode(milliseconds(2000));
+    ASSERT_EQ(ld->size(), 4u) << Join(*ld);
+    EXPECT_EQ((*ld)[0], "1") << "relaunched rank " << r;
+    EXPECT_EQ((*ld)[3], h1) << "relaunched rank " << r << ": not step 1's parameters";
+  }
+  EXPECT_ALL_RANKS_EXIT_OK(again, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: rank 0 SIGKILLed at start-up before its load decision; %d waiters got "
+      "%s (slowest %lld ms %s); relaunch: all %d ranks loaded step 1, identical params\n",
+      mode_name().c_str(), kWorld - 1,
+      mode() == WaitMode::kFileLock ? "ABORTED writer died" : "DEADLINE_EXCEEDED",
+      static_cast<long long>(slowest_ms),
+      mode() == WaitMode::kFileLock ? "after the kill" : "after starting to wait", kWorld);
+}
+
 // ---------------------------------------------------------------- g. striped saves
 
 // A module plus eight 64 KiB tensors, the same on every rank for a seed.

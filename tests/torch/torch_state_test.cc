@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
@@ -855,6 +856,45 @@ TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
   ASSERT_TRUE(polled.ok()) << "one unanswered read failed the ticket: " << polled.status();
   EXPECT_TRUE(*polled);
   EXPECT_EQ(flaky->failures, 0);
+}
+
+// Refuses the save lock, as a storage whose lock manager is down does.
+class NoSaveLock : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    if (key == ".save-lock") return Status(Code::kUnavailable, "injected: no lock manager");
+    return ForwardingBackend::TryLock(key, mode);
+  }
+};
+
+// File lock: rank 0's Open takes the save lock. An Open that cannot says
+// so and counts no Checkpointer: the rank's next Open names the same
+// Checkpointer as the other ranks' do, and their saves meet.
+TEST(TorchStateTest, AFileLockOpenThatCannotTakeTheSaveLockFailsAndCountsNothing) {
+  TempDir dir;
+  CheckpointerOptions o;
+  o.wait = WaitMode::kFileLock;
+  o.timeout = std::chrono::seconds(5);
+  CheckpointerOptions refused = o;
+  refused.backend = std::make_shared<NoSaveLock>(
+      std::shared_ptr<StorageBackend>(NewPosixBackend(dir.Sub("store")).value()));
+  auto failed = Checkpointer::Open(dir.Sub("store"), RankOfTwo(0, "open-lock-test"), refused);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), Code::kUnavailable) << failed.status();
+  EXPECT_NE(failed.status().message().find("taking the save lock as the Checkpointer opens"),
+            std::string::npos)
+      << failed.status();
+  auto ck0 = Checkpointer::Open(dir.Sub("store"), RankOfTwo(0, "open-lock-test"), o);
+  auto ck1 = Checkpointer::Open(dir.Sub("store"), RankOfTwo(1, "open-lock-test"), o);
+  ASSERT_TRUE(ck0.ok() && ck1.ok());
+  torch::Tensor t0 = torch::full({16}, 2.0f), t1 = torch::full({16}, 2.0f);
+  State s0{{"t", t0}}, s1{{"t", t1}};
+  Status saved1;
+  std::thread rank1([&] { saved1 = (*ck1)->Save(1, s1); });
+  CKPTIO_EXPECT_OK((*ck0)->Save(1, s0));
+  rank1.join();
+  EXPECT_TRUE(saved1.ok()) << "the ranks named different Checkpointers: " << saved1;
 }
 
 // A timeout of 0 (which would end every wait at once, and which LibTorch's
