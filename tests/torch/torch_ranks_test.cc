@@ -613,6 +613,20 @@ bool BigObjectBeingWritten(const std::string& path, int64_t step) {
   return found;
 }
 
+// A relaunched rank: loads the newest step into a model of its own seed and
+// says "loaded" (FormatLoaded).
+int LoadAndSay(RankEnv& me) {
+  auto ckpt = me.Open(kTimeout);
+  if (!ckpt.ok()) return Fail(me.rank, kExitSetup, "relaunch: " + ckpt.status().ToString());
+  Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+  State into = fresh.state();
+  auto got = (*ckpt)->Load(into);
+  if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
+  if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+  me.Say(FormatLoaded(**got, fresh.hash()));
+  return kExitOk;
+}
+
 // Rank 0 commits step 1, then is SIGKILLed while writing step 2's 64 MiB
 // tensor. The waiters' Save(2) never returns OK: "writer died" within ~1 s
 // of the kill with the file lock, DeadlineExceeded naming the step at the
@@ -722,17 +736,7 @@ TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
   // The relaunch: a new job id, new processes (and a new TCPStore, served by rank 0).
   const int64_t expect_step = committed2 ? 2 : 1;
   const Launch relaunch = NewLaunch();
-  Ranks ranks2(relaunch, [&](RankEnv& me) -> int {
-    auto ckpt = me.Open(kTimeout);
-    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, "relaunch: " + ckpt.status().ToString());
-    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
-    State into = fresh.state();
-    auto got = (*ckpt)->Load(into);
-    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
-    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
-    me.Say(FormatLoaded(**got, fresh.hash()));
-    return kExitOk;
-  });
+  Ranks ranks2(relaunch, LoadAndSay);
   ASSERT_TRUE(ranks2.started());
   std::vector<std::string> loaded(kWorld);
   for (int r = 0; r < kWorld; ++r) {
@@ -1317,17 +1321,7 @@ TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
   for (int r = 1; r < kWorld; ++r) EXPECT_EQ(codes[r], kExitOk) << "rank " << r;
   if (HasFailure()) return;
 
-  Ranks again(NewLaunch(), [&](RankEnv& me) -> int {
-    auto ckpt = me.Open(kTimeout);
-    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, "relaunch: " + ckpt.status().ToString());
-    Trainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
-    State into = fresh.state();
-    auto got = (*ckpt)->Load(into);
-    if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
-    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
-    me.Say(FormatLoaded(**got, fresh.hash()));
-    return kExitOk;
-  });
+  Ranks again(NewLaunch(), LoadAndSay);
   ASSERT_TRUE(again.started());
   for (int r = 0; r < kWorld; ++r) {
     auto ld = again.Await(r, "loaded", milliseconds(30000));
