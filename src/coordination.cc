@@ -96,7 +96,9 @@ class FileCoordinator : public Coordinator {
 
   Status Opened(std::string_view scope, std::chrono::milliseconds timeout) override {
     scope_ = std::string(scope);
-    if (mode_ != WaitMode::kFileLock || rank_.rank != 0 || rank_.world_size < 2) return OkStatus();
+    if (rank_.rank != 0) return OkStatus();
+    SweepOtherJobsDecisions();
+    if (mode_ != WaitMode::kFileLock || rank_.world_size < 2) return OkStatus();
     CKPTIO_RETURN_IF_ERROR(TakeSaveLock(timeout, "as the Checkpointer opens"));
     // The record replaced may end a save of this job's previous Checkpointer
     // whose waiters have not read it yet: carry its outcome on.
@@ -248,6 +250,19 @@ class FileCoordinator : public Coordinator {
     CKPTIO_ASSIGN_OR_RETURN(locked, held());
     if (locked || !UnderLock(*last, scope)) return not_gone;
     return std::optional<Record>(*std::move(last));
+  }
+
+  // Rank 0, holding the store's writer lock (so no other job's rank 0 can
+  // publish here any more): deletes the decision records of other jobs,
+  // which relaunches would otherwise pile up in .coord/. Best effort: what
+  // a failing storage keeps is swept at a later Open.
+  void SweepOtherJobsDecisions() {
+    auto keys = backend_->List(".coord/decision-");
+    if (!keys.ok()) return;
+    for (const std::string& key : *keys) {
+      auto record = ReadRecord(key, kDecisionFormat, kMaxDecisionBytes);
+      if (record.ok() && Field(*record, "job") != job_) (void)backend_->Delete(key);
+    }
   }
 
   // The payload published under `name` for this job; nullopt while there

@@ -1397,6 +1397,37 @@ TEST(FileCoordinatorTest, TheNextCheckpointersOpenRecordCarriesTheLastOutcome) {
   EXPECT_NE(polled.status().message().find("disk full"), std::string::npos) << polled.status();
 }
 
+// Rank 0's Opened (with the store's writer lock held) deletes the decision
+// records of earlier jobs, which relaunches would otherwise pile up, and
+// keeps its own job's; no other rank deletes anything.
+TEST(FileCoordinatorTest, RankZerosOpenedSweepsEarlierJobsDecisions) {
+  TempDir tmp;
+  auto backend = [&]() -> std::shared_ptr<StorageBackend> {
+    return NewPosixBackend(tmp.Sub("store")).value();
+  };
+  const std::string old_job = NewJobId(), job = NewJobId();
+  auto earlier = OpenedCoordinator(backend(), 0, job, "first");  // this job's first Checkpointer
+  ASSERT_TRUE(earlier);
+  CKPTIO_ASSERT_OK(earlier->Publish("first-load-1", "kept"));
+  earlier.reset();
+  for (int rank : {0, 1}) {  // another job's, never Opened
+    CKPTIO_ASSERT_OK_AND_ASSIGN(
+        auto old, NewFileCoordinator(backend(), MakeRank(rank, old_job), WaitMode::kFileLock));
+    CKPTIO_ASSERT_OK(old->Publish(rank == 0 ? "old-load-1" : "stripe-old.1-1", "left behind"));
+  }
+  auto list = [&] {
+    auto keys = backend()->List(".coord/");
+    EXPECT_TRUE(keys.ok()) << keys.status();
+    return keys.ok() ? *keys : std::vector<std::string>();
+  };
+  auto rank1 = OpenedCoordinator(backend(), 1, job, "second");
+  ASSERT_TRUE(rank1);
+  EXPECT_EQ(list().size(), 4u) << "a rank other than 0 deleted records";
+  auto rank0 = OpenedCoordinator(backend(), 0, job, "second");
+  ASSERT_TRUE(rank0);
+  EXPECT_EQ(list(), (std::vector<std::string>{".coord/decision-first-load-1", ".coord/save"}));
+}
+
 // Fails reads of LATEST and of published records with UNAVAILABLE (as an
 // NFS backend does for timeout_ms after a call got no answer) while
 // `failures` lasts; -1: for ever.

@@ -69,12 +69,12 @@ class Coordinator {
   virtual ~Coordinator() = default;
   virtual WaitMode mode() const = 0;
 
-  // Every rank, once, as its Checkpointer opens: `scope` names that
-  // Checkpointer (its attempts are "<scope>.<k>", its decisions carry it).
-  // File lock: rank 0 (of several) takes the save lock, waiting up to
-  // `timeout`, and records that it holds it, so that the others learn of
-  // its death while they wait for its first decision. Without it, rank 0
-  // takes the lock at its first BeginSave and WaitFor ends at the deadline.
+  // Every rank, once, as its Checkpointer opens: `scope` names it (attempts
+  // "<scope>.<k>"). Rank 0, holding the store's writer lock by then, deletes
+  // other (earlier) jobs' decision records; with the file lock and several
+  // ranks it takes the save lock, waiting up to `timeout`, and records that
+  // it holds it, so the others learn of its death while they wait for its
+  // first decision. Without Opened: the lock comes at the first BeginSave.
   virtual Status Opened(std::string_view scope, std::chrono::milliseconds timeout) {
     (void)scope, (void)timeout;
     return OkStatus();
