@@ -613,6 +613,28 @@ bool BigObjectBeingWritten(const std::string& path, int64_t step) {
   return found;
 }
 
+// A waiter's report of a save or decision rank 0 never committed, rank 0
+// SIGKILLed at kill_ns: with the file lock ABORTED saying `died` within 1 s
+// of the kill (never before it), otherwise DeadlineExceeded at the deadline
+// `timeout` after the waiter began at wait_ns. Returns the ms it took after
+// the kill (file lock) or after it began to wait.
+int64_t ExpectKilledRankZerosWaiter(WaitMode mode, const SaveReport& rep, const std::string& died,
+                                    int64_t kill_ns, int64_t wait_ns, milliseconds timeout) {
+  if (mode == WaitMode::kFileLock) {
+    EXPECT_EQ(rep.code, Code::kAborted) << rep.message;
+    EXPECT_NE(rep.message.find(died), std::string::npos) << rep.message;
+    EXPECT_GE(rep.t_ns, kill_ns) << "called the writer dead while it was alive";
+    const int64_t after_ms = (rep.t_ns - kill_ns) / 1000000;
+    EXPECT_LT(after_ms, 1000) << "the death should be noticed within 1 s of the kill";
+    return after_ms;
+  }
+  EXPECT_EQ(rep.code, Code::kDeadlineExceeded) << rep.message;
+  const int64_t waited_ms = (rep.t_ns - wait_ns) / 1000000;
+  EXPECT_GE(waited_ms, timeout.count() - 100) << "gave up before the deadline";
+  EXPECT_LT(waited_ms, timeout.count() + 1500) << "ran far past the deadline";
+  return waited_ms;
+}
+
 // A relaunched rank: loads the newest step into a model of its own seed and
 // says "loaded" (FormatLoaded).
 int LoadAndSay(RankEnv& me) {
@@ -712,22 +734,10 @@ TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
     ASSERT_TRUE(rep.has_value()) << "no report from the waiter";
     if (committed2) continue;  // nothing more to demand of the waiters (reported above)
     EXPECT_NE(rep->code, Code::kOk) << "Save(2) returned OK for a step that never committed";
-    if (mode() == WaitMode::kFileLock) {
-      EXPECT_EQ(rep->code, Code::kAborted) << rep->message;
-      EXPECT_NE(rep->message.find("writer died"), std::string::npos) << rep->message;
-      EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
-      EXPECT_GE(rep->t_ns, kill_ns) << "called the writer dead while it was alive";
-      const int64_t after_ms = (rep->t_ns - kill_ns) / 1000000;
-      slowest_ms = std::max(slowest_ms, after_ms);
-      EXPECT_LT(after_ms, 1000) << "the death should be noticed within 1 s of the kill";
-    } else {
-      EXPECT_EQ(rep->code, Code::kDeadlineExceeded) << rep->message;
-      EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
-      const int64_t waited_ms = (rep->t_ns - wait_start[r]) / 1000000;
-      slowest_ms = std::max(slowest_ms, waited_ms);
-      EXPECT_GE(waited_ms, kWaitTimeout.count() - 100) << "gave up before the deadline";
-      EXPECT_LT(waited_ms, kWaitTimeout.count() + 1500) << "ran far past the deadline";
-    }
+    EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
+    slowest_ms =
+        std::max(slowest_ms, ExpectKilledRankZerosWaiter(mode(), *rep, "writer died", kill_ns,
+                                                         wait_start[r], kWaitTimeout));
   }
   auto codes = ranks.ExitCodes(milliseconds(10000));
   for (int r = 1; r < kWorld; ++r) EXPECT_EQ(codes[r], kExitOk) << "rank " << r;
@@ -1301,21 +1311,9 @@ TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
     SCOPED_TRACE("rank " + std::to_string(r));
     auto rep = ParseRet(ranks.AwaitLine(r, "ret", kWaitTimeout + milliseconds(6000)));
     ASSERT_TRUE(rep.has_value()) << "no report from the waiter";
-    if (mode() == WaitMode::kFileLock) {
-      EXPECT_EQ(rep->code, Code::kAborted) << rep->message;
-      EXPECT_NE(rep->message.find("writer died before publishing"), std::string::npos)
-          << rep->message;
-      EXPECT_GE(rep->t_ns, kill_ns) << "called the writer dead while it was alive";
-      const int64_t after_ms = (rep->t_ns - kill_ns) / 1000000;
-      slowest_ms = std::max(slowest_ms, after_ms);
-      EXPECT_LT(after_ms, 1000) << "the death should be noticed within 1 s of the kill";
-    } else {
-      EXPECT_EQ(rep->code, Code::kDeadlineExceeded) << rep->message;
-      const int64_t waited_ms = (rep->t_ns - wait_start[r]) / 1000000;
-      slowest_ms = std::max(slowest_ms, waited_ms);
-      EXPECT_GE(waited_ms, kWaitTimeout.count() - 100) << "gave up before the deadline";
-      EXPECT_LT(waited_ms, kWaitTimeout.count() + 1500) << "ran far past the deadline";
-    }
+    slowest_ms = std::max(slowest_ms,
+                          ExpectKilledRankZerosWaiter(mode(), *rep, "writer died before publishing",
+                                                      kill_ns, wait_start[r], kWaitTimeout));
   }
   auto codes = ranks.ExitCodes(milliseconds(10000));
   for (int r = 1; r < kWorld; ++r) EXPECT_EQ(codes[r], kExitOk) << "rank " << r;
