@@ -4,8 +4,11 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -77,6 +80,24 @@ constexpr std::string_view kSaveRecordKey = ".coord/save";
 constexpr std::string_view kSaveFormat = "ckptio-save";
 constexpr std::string_view kDecisionFormat = "ckptio-decision";
 
+// Names this process in the save records it writes (field "proc"), so that
+// a record of the job from another process, even one with the same host
+// name and pid (a container's), is told apart. Made anew in a forked child.
+std::string ProcessTag() {
+  static std::mutex mu;
+  static pid_t owner = -1;
+  static std::string tag;
+  std::lock_guard<std::mutex> g(mu);
+  if (owner != ::getpid()) {
+    std::random_device entropy;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%08x%08x", entropy(), entropy());
+    owner = ::getpid();
+    tag = buf;
+  }
+  return tag;
+}
+
 class FileCoordinator : public Coordinator {
  public:
   FileCoordinator(std::shared_ptr<StorageBackend> backend, RankInfo rank, WaitMode mode)
@@ -97,6 +118,7 @@ class FileCoordinator : public Coordinator {
   Status Opened(std::string_view scope, std::chrono::milliseconds timeout) override {
     scope_ = std::string(scope);
     if (rank_.rank != 0) return OkStatus();
+    if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(RefuseReusedJobId());
     SweepOtherJobsDecisions();
     if (mode_ != WaitMode::kFileLock || rank_.world_size < 2) return OkStatus();
     CKPTIO_RETURN_IF_ERROR(TakeSaveLock(timeout, "as the Checkpointer opens"));
@@ -250,6 +272,40 @@ class FileCoordinator : public Coordinator {
     CKPTIO_ASSIGN_OR_RETURN(locked, held());
     if (locked || !UnderLock(*last, scope)) return not_gone;
     return std::optional<Record>(*std::move(last));
+  }
+
+  // Rank 0 of several, before it writes anything: refuses a job id that
+  // another process used on this store before (CKPTIO_JOB_ID or
+  // ckptio-launch --job-id repeated by hand), whose records the other ranks
+  // would take for this launch's: a load decision, a commit. The evidence:
+  // rank 0's save record of this job written by another process, or a load
+  // decision of the Checkpointer now opening, which has made none yet. Best
+  // effort: a record it cannot read proves nothing.
+  Status RefuseReusedJobId() {
+    std::string evidence;
+    auto record = ReadRecord(kSaveRecordKey, kSaveFormat);
+    if (record.ok() && Field(*record, "job") == job_ && Field(*record, "proc") != ProcessTag()) {
+      evidence = std::string(kSaveRecordKey) + " is rank 0's record of this job from another " +
+                 "process (" + Field(*record, "host") + ", pid " + Field(*record, "pid") +
+                 ", attempt " + Field(*record, "attempt") + ")";
+    } else if (auto keys = backend_->List(DecisionKey(scope_ + "-load-")); keys.ok()) {
+      for (const std::string& key : *keys) {
+        auto decision = ReadRecord(key, kDecisionFormat, kMaxDecisionBytes);
+        if (decision.ok() && Field(*decision, "job") == job_) {
+          evidence = key + " is a load decision of the Checkpointer now opening (" + scope_ +
+                     "), which has made none yet";
+          break;
+        }
+      }
+    }
+    if (evidence.empty()) return OkStatus();
+    return Status(Code::kFailedPrecondition,
+                  "job id \"" + rank_.job_id + "\" was used before on " + backend_->Uri() + ": " +
+                      evidence +
+                      ". The other ranks would take that launch's records for this one's. Give "
+                      "every launch its own job id: leave it to the launcher (ckptio-launch "
+                      "without --job-id, torchrun --rdzv-id, Slurm, mpirun) or export "
+                      "CKPTIO_JOB_ID=$(date +%s%N)");
   }
 
   // Rank 0, holding the store's writer lock (so no other job's rank 0 can
@@ -477,6 +533,7 @@ class FileCoordinator : public Coordinator {
                    {"state", state},
                    {"host", HostName()},
                    {"pid", std::to_string(::getpid())},
+                   {"proc", ProcessTag()},
                    {"code", std::to_string(static_cast<int>(outcome.code()))},
                    {"message", Capped(outcome.message())}});
     if (save_lock_) fields["lock"] = "held";

@@ -1428,6 +1428,58 @@ TEST(FileCoordinatorTest, RankZerosOpenedSweepsEarlierJobsDecisions) {
   EXPECT_EQ(list(), (std::vector<std::string>{".coord/decision-first-load-1", ".coord/save"}));
 }
 
+// A job id used again by hand (CKPTIO_JOB_ID, ckptio-launch --job-id): the
+// ranks of the new launch would take the earlier launch's records for their
+// own (its load decision, its commits). Rank 0 refuses it as its
+// Checkpointer opens, whether the earlier launch's rank 0 left its save
+// record (another process's) or a load decision of the Checkpointer now
+// opening; other ranks, other jobs and this process's own next
+// Checkpointer are let through.
+TEST(FileCoordinatorTest, RankZeroRefusesAJobIdThatAnEarlierLaunchUsed) {
+  TempDir tmp;
+  auto backend = [&]() -> std::shared_ptr<StorageBackend> {
+    return NewPosixBackend(tmp.Sub("store")).value();
+  };
+  auto opened = [&](int rank, const std::string& job, const std::string& scope, WaitMode mode) {
+    auto c = NewFileCoordinator(backend(), MakeRank(rank, job), mode);
+    return c.ok() ? (*c)->Opened(scope, milliseconds(2000)) : c.status();
+  };
+  auto expect_refused = [](const Status& s, const std::string& evidence) {
+    EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s;
+    for (const std::string& part :
+         {std::string("was used before"), evidence, std::string("export CKPTIO_JOB_ID=")})
+      EXPECT_NE(s.message().find(part), std::string::npos) << part << " not in: " << s;
+  };
+  // The earlier launch: its rank 0, another process (forked after this one
+  // wrote a record: it must not pass for this process), opens and saves.
+  CKPTIO_ASSERT_OK(opened(0, NewJobId(), "zero", WaitMode::kFileLock));
+  const std::string job = NewJobId();
+  Child earlier = Child::Start([&] {
+    auto c = NewFileCoordinator(backend(), MakeRank(0, job), WaitMode::kFileLock);
+    if (!c.ok() || !(*c)->Opened("one", milliseconds(2000)).ok()) return kExitSetup;
+    if (!(*c)->BeginSave(1, "one.1", milliseconds(2000)).ok()) return kExitSetup;
+    return (*c)->EndSave(1, "one.1", OkStatus()).ok() ? kExitOk : kExitSetup;
+  });
+  ASSERT_EQ(earlier.ExitCode(milliseconds(10000)), kExitOk);
+  for (WaitMode mode : {WaitMode::kFileLock, WaitMode::kManifest})
+    expect_refused(opened(0, job, "one", mode), "from another process");
+  CKPTIO_EXPECT_OK(opened(1, job, "one", WaitMode::kFileLock));
+  CKPTIO_EXPECT_OK(opened(0, NewJobId(), "one", WaitMode::kFileLock));  // replaces the record
+
+  // Its save record is gone; a load decision of the Checkpointer now
+  // opening still gives the job id away. This process's next Checkpointer
+  // of the same job passes.
+  const std::string again = NewJobId();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(
+      auto first, NewFileCoordinator(backend(), MakeRank(0, again), WaitMode::kManifest));
+  CKPTIO_ASSERT_OK(first->Opened("one", milliseconds(2000)));
+  CKPTIO_ASSERT_OK(first->Publish("one-load-1", "step 1"));
+  for (WaitMode mode : {WaitMode::kFileLock, WaitMode::kManifest})
+    CKPTIO_EXPECT_OK(opened(0, again, "two", mode));
+  for (WaitMode mode : {WaitMode::kFileLock, WaitMode::kManifest})
+    expect_refused(opened(0, again, "one", mode), ".coord/decision-one-load-1 is a load decision");
+}
+
 // Fails reads of LATEST and of published records with UNAVAILABLE (as an
 // NFS backend does for timeout_ms after a call got no answer) while
 // `failures` lasts; -1: for ever.

@@ -36,7 +36,7 @@
 //              see ckptio/torch.h.
 // Records live in <store>/.coord/ and carry the job id (RankInfo::job_id), so
 // records of an earlier launch are never mistaken for this one's; a job id
-// that the next launch repeats (RankInfo::job_id_reused) is refused. Each
+// the next launch repeats (RankInfo::job_id_reused), or used before, is refused. Each
 // save record also carries rank 0's previous outcome, so a waiter that reads
 // it only after rank 0 began its next save still learns how its save ended.
 #ifndef CKPTIO_COORDINATION_H_
@@ -70,11 +70,11 @@ class Coordinator {
   virtual WaitMode mode() const = 0;
 
   // Every rank, once, as its Checkpointer opens: `scope` names it (attempts
-  // "<scope>.<k>"). Rank 0, holding the store's writer lock by then, deletes
-  // other (earlier) jobs' decision records; with the file lock and several
-  // ranks it takes the save lock, waiting up to `timeout`, and records that
-  // it holds it, so the others learn of its death while they wait for its
-  // first decision. Without Opened: the lock comes at the first BeginSave.
+  // "<scope>.<k>"). Rank 0 (holding the store's writer lock by then) refuses
+  // a job id used before, deletes other jobs' decision records, and with the
+  // file lock and several ranks takes the save lock (waiting up to `timeout`)
+  // and records that, so the others learn of its death while they wait for
+  // its first decision. Without Opened: the lock comes at the first save.
   virtual Status Opened(std::string_view scope, std::chrono::milliseconds timeout) {
     (void)scope, (void)timeout;
     return OkStatus();

@@ -2,7 +2,8 @@
 # The DDP demo, 4 real ranks: an uninterrupted run, and a run whose rank 0 is
 # SIGKILLed while writing a checkpoint and then relaunched, must end with
 # bit-identical parameters; the killed step must never be committed; every
-# wait mode gives the same result.
+# wait mode gives the same result. A relaunch that repeats the job id is
+# refused in the file-based wait modes.
 set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
@@ -51,4 +52,21 @@ for wait in file-lock manifest store; do
   [ "$resumed" = "$clean" ] || { echo "FAIL ($wait): resumed hash $resumed != clean $clean"; exit 1; }
   "$bin/ckptio" verify "$store" --all >/dev/null
   echo "ddp demo ($wait): killed at step 20, resumed from 10, final hash $resumed = uninterrupted run"
+done
+
+# A job id repeated by hand (--job-id, or CKPTIO_JOB_ID): the second launch's
+# rank 0 refuses it before anything is loaded, since its ranks would take the
+# first launch's records for their own.
+for wait in file-lock manifest; do
+  store=$tmp/reused-$wait
+  "$bin/ckptio-launch" -n 2 --job-id fixed -- "$bin/ckptio-ddp-demo" --store "$store" --steps 20 \
+    --every 10 --wait "$wait" >"$tmp/first.log" 2>&1 || { cat "$tmp/first.log"; echo "FAIL ($wait): first run"; exit 1; }
+  set +e
+  "$bin/ckptio-launch" -n 2 --job-id fixed -- "$bin/ckptio-ddp-demo" --store "$store" --steps 30 \
+    --every 10 --wait "$wait" --timeout 5 >"$tmp/reused.log" 2>&1
+  rc=$?
+  set -e
+  [ "$rc" != 0 ] || { cat "$tmp/reused.log"; echo "FAIL ($wait): a repeated job id was accepted"; exit 1; }
+  grep -q 'FAILED_PRECONDITION.*job id "fixed" was used before' "$tmp/reused.log" || { cat "$tmp/reused.log"; echo "FAIL ($wait): rank 0 did not refuse the repeated job id"; exit 1; }
+  echo "ddp demo ($wait): a relaunch under the same --job-id refused by rank 0"
 done
