@@ -53,6 +53,11 @@ struct Hooks {
   // call to fail with (the WRITE is then not queued).
   std::function<int64_t(nfs_context*, nfsfh*, uint64_t, uint64_t)> pwrite_async;
   std::function<int(nfs_context*, nfsfh*, uint64_t, uint64_t, void*)> pread;
+  // Before the real nfs_pread_async (large reads go in pipelined READs), as
+  // pwrite_async: the bytes to ask for, or a negative result to fail with.
+  std::function<int64_t(nfs_context*, nfsfh*, uint64_t, uint64_t)> pread_async;
+  // On its answer (`rc`: bytes read, or -errno): the result to pass on.
+  std::function<int(nfs_context*, uint64_t, int)> pread_answer;
   std::function<int(nfs_context*, nfsfh*, nfs4_lock_op, uint64_t)> lockf;
   std::function<int(nfs_context*, const char*, int, int, nfsfh**)> open2;
   std::function<int(nfs_context*, nfsfh*, nfs_stat_64*)> fstat;
@@ -60,6 +65,8 @@ struct Hooks {
 
 // WRITEs sent with nfs_pwrite_async and not yet answered; the most at once.
 std::atomic<int> writes_in_flight{0}, max_writes_in_flight{0};
+// Likewise READs sent with nfs_pread_async.
+std::atomic<int> reads_in_flight{0}, max_reads_in_flight{0};
 
 std::mutex mu;
 Hooks hooks;
@@ -123,6 +130,10 @@ int RealPwriteAsync(nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, con
   static auto real = CKPTIO_REAL(nfs_pwrite_async);
   return real(n, fh, off, count, buf, cb, data);
 }
+int RealPreadAsync(nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, nfs_cb cb, void* data) {
+  static auto real = CKPTIO_REAL(nfs_pread_async);
+  return real(n, fh, off, count, cb, data);
+}
 int RealPread(nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
   static auto real = CKPTIO_REAL(nfs_pread);
   return real(n, fh, off, count, buf);
@@ -146,6 +157,39 @@ int Fail(nfs_context* n, int rc, const std::string& text) {
   using SetError = void (*)(nfs_context*, char*, ...);
   static auto set_error = reinterpret_cast<SetError>(Next("nfs_set_error"));
   set_error(n, const_cast<char*>("%s"), text.c_str());
+  return rc;
+}
+
+// Queues an asynchronous call with `queue` (the real libnfs call, given the
+// callback and data to use), counting it in `in_flight` until libnfs calls
+// back and the most at once in `most`; `answer`, if set, may change its
+// result (the call at file offset `off`) before the caller's `cb` sees it.
+int Counted(std::atomic<int>& in_flight, std::atomic<int>& most, nfs_cb cb, void* data,
+            uint64_t off, std::function<int(nfs_context*, uint64_t, int)> answer,
+            const std::function<int(nfs_cb, void*)>& queue) {
+  struct Wrapped {
+    nfs_cb cb;
+    void* data;
+    uint64_t off;
+    std::function<int(nfs_context*, uint64_t, int)> answer;
+    std::atomic<int>* in_flight;
+  };
+  auto* w = new Wrapped{cb, data, off, std::move(answer), &in_flight};
+  const int now = ++in_flight;
+  for (int max = most.load(); now > max && !most.compare_exchange_weak(max, now);) {
+  }
+  auto done = [](int rc, struct nfs_context* ctx, void* d, void* p) {
+    auto* wrapped = static_cast<Wrapped*>(p);
+    --*wrapped->in_flight;
+    if (wrapped->answer) rc = wrapped->answer(ctx, wrapped->off, rc);
+    wrapped->cb(rc, ctx, d, wrapped->data);
+    delete wrapped;
+  };
+  const int rc = queue(done, w);
+  if (rc != 0) {
+    --in_flight;
+    delete w;
+  }
   return rc;
 }
 
@@ -182,28 +226,24 @@ int nfs_pwrite_async(struct nfs_context* n, struct nfsfh* fh, uint64_t off, uint
     if (send < 0) return nfs_hooks::Fail(n, static_cast<int>(send), "out of memory (test hook)");
     count = static_cast<uint64_t>(send);
   }
-  // Counted in flight until libnfs calls back.
-  struct Wrapped {
-    nfs_cb cb;
-    void* data;
-  };
-  auto* w = new Wrapped{cb, data};
-  const int now = ++nfs_hooks::writes_in_flight;
-  for (int max = nfs_hooks::max_writes_in_flight.load();
-       now > max && !nfs_hooks::max_writes_in_flight.compare_exchange_weak(max, now);) {
+  return nfs_hooks::Counted(nfs_hooks::writes_in_flight, nfs_hooks::max_writes_in_flight, cb, data,
+                            off, nullptr, [&](nfs_cb done, void* wrapped) {
+                              return nfs_hooks::RealPwriteAsync(n, fh, off, count, buf, done,
+                                                                wrapped);
+                            });
+}
+int nfs_pread_async(struct nfs_context* n, struct nfsfh* fh, uint64_t off, uint64_t count,
+                    nfs_cb cb, void* data) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::pread_async)) {
+    const int64_t ask = h(n, fh, off, count);
+    if (ask < 0) return nfs_hooks::Fail(n, static_cast<int>(ask), "out of memory (test hook)");
+    count = static_cast<uint64_t>(ask);
   }
-  auto done = [](int err, struct nfs_context* ctx, void* d, void* p) {
-    auto* wrapped = static_cast<Wrapped*>(p);
-    --nfs_hooks::writes_in_flight;
-    wrapped->cb(err, ctx, d, wrapped->data);
-    delete wrapped;
-  };
-  int rc = nfs_hooks::RealPwriteAsync(n, fh, off, count, buf, done, w);
-  if (rc != 0) {
-    --nfs_hooks::writes_in_flight;
-    delete w;
-  }
-  return rc;
+  return nfs_hooks::Counted(nfs_hooks::reads_in_flight, nfs_hooks::max_reads_in_flight, cb, data,
+                            off, nfs_hooks::Get(&nfs_hooks::Hooks::pread_answer),
+                            [&](nfs_cb done, void* wrapped) {
+                              return nfs_hooks::RealPreadAsync(n, fh, off, count, done, wrapped);
+                            });
 }
 int nfs_pread(struct nfs_context* n, struct nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::pread)) return h(n, fh, off, count, buf);
@@ -619,6 +659,13 @@ TEST_P(NfsBackendFaults, AReadFailingWithEfaultIsTold) {
   EXPECT_EQ(*got, new_small);
   EXPECT_EQ(reads.load(), 2);
 
+  // A large read goes in pipelined READs: the first one's answer fails.
+  h.pread_answer = [&](nfs_context* n, uint64_t, int rc) {
+    if (++reads > 1) return rc;
+    failed_read = true;
+    return nfs_hooks::Fail(n, -EFAULT, "pread call failed with \"F\"");
+  };
+  nfs_hooks::Scope pipelined(h);
   std::string out(big.size(), '\0');
   for (bool replaced : {true, false}) {
     auto reader = backend_->OpenObject("big");
@@ -793,6 +840,54 @@ TEST_P(NfsV4Faults, AWriteThatCannotBeQueuedFailsTheAppend) {
   for (const auto& e : std::filesystem::directory_iterator(dir_))
     names.push_back(e.path().filename().string());
   EXPECT_EQ(names, std::vector<std::string>{"after"}) << "the failed object's temp was left";
+}
+
+// A large read goes in READs of up to 1 MiB, 2 MiB of them in flight at
+// once (one at a time, each round trip would leave the link idle); a READ
+// the server answers short has its rest read, so the bytes are exact.
+TEST_P(NfsBackendFaults, ALargeReadIsPipelinedAndShortReadsAreCompleted) {
+  const std::string big = RandomBytes((8 << 20) + 12345, 11);
+  ASSERT_TRUE(Put(*backend_, "big", big).ok());
+  std::atomic<int> shortened{0};
+  nfs_hooks::Hooks h;
+  h.pread_async = [&](nfs_context*, nfsfh*, uint64_t off, uint64_t count) -> int64_t {
+    if (count != (1u << 20) || (off >> 20) % 3 != 1) return static_cast<int64_t>(count);
+    ++shortened;  // every 3rd READ: 1000 bytes short
+    return static_cast<int64_t>(count - 1000);
+  };
+  nfs_hooks::Scope scope(h);
+  nfs_hooks::max_reads_in_flight = 0;
+  auto reader = backend_->OpenObject("big");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string out(big.size(), '\0');
+  ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
+  EXPECT_TRUE(out == big) << "the bytes read differ (" << shortened.load() << " short READs)";
+  EXPECT_GE(shortened.load(), 2);
+  EXPECT_EQ(nfs_hooks::max_reads_in_flight.load(), 2) << "READs of 1 MiB, 2 at once";
+}
+
+// A READ libnfs cannot queue (out of memory) fails the read as
+// RESOURCE_EXHAUSTED, once the READs sent are answered (they point into
+// the batch); the connection stays in use.
+TEST_P(NfsBackendFaults, AReadThatCannotBeQueuedFailsTheRead) {
+  const std::string big = RandomBytes(4 << 20, 12);
+  ASSERT_TRUE(Put(*backend_, "big", big).ok());
+  auto reader = backend_->OpenObject("big");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string out(big.size(), '\0');
+  {
+    nfs_hooks::Hooks h;
+    h.pread_async = [&](nfs_context*, nfsfh*, uint64_t off, uint64_t count) -> int64_t {
+      return off == (2u << 20) ? -ENOMEM : static_cast<int64_t>(count);
+    };
+    nfs_hooks::Scope scope(h);
+    Status s = (*reader)->ReadAt(0, out.data(), out.size());
+    EXPECT_EQ(s.code(), Code::kResourceExhausted) << s;
+    EXPECT_TRUE(Contains(s.message(), "libnfs could not queue a READ")) << s;
+    EXPECT_TRUE(Contains(s.message(), "out of memory (test hook)")) << s;
+  }
+  ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
+  EXPECT_TRUE(out == big);
 }
 
 // Hooks under which the first READ of a thread other than this one (the
