@@ -2,13 +2,13 @@
 // coordination.h for the protocol.
 #include "ckptio/coordination.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -82,20 +82,23 @@ constexpr std::string_view kDecisionFormat = "ckptio-decision";
 
 // Names this process in the save records it writes (field "proc"), so that
 // a record of the job from another process, even one with the same host
-// name and pid (a container's), is told apart. Made anew in a forked child.
+// name and pid (a container's), is told apart: its pid and 32 random bits,
+// made anew in a forked child. Lock-free (a fork may come at any time), and
+// every thread of a process gets the same tag.
 std::string ProcessTag() {
-  static std::mutex mu;
-  static pid_t owner = -1;
-  static std::string tag;
-  std::lock_guard<std::mutex> g(mu);
-  if (owner != ::getpid()) {
-    std::random_device entropy;
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%08x%08x", entropy(), entropy());
-    owner = ::getpid();
-    tag = buf;
+  static std::atomic<uint64_t> tag{0};
+  const auto pid = static_cast<uint32_t>(::getpid());
+  uint64_t now = tag.load();
+  if (now == 0 || static_cast<uint32_t>(now >> 32) != pid) {
+    uint32_t random = 0;
+    if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random)
+      random = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const uint64_t mine = static_cast<uint64_t>(pid) << 32 | random;
+    if (tag.compare_exchange_strong(now, mine)) now = mine;  // else `now` is the winner's
   }
-  return tag;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(now));
+  return buf;
 }
 
 class FileCoordinator : public Coordinator {
@@ -293,7 +296,8 @@ class FileCoordinator : public Coordinator {
         auto decision = ReadRecord(key, kDecisionFormat, kMaxDecisionBytes);
         if (decision.ok() && Field(*decision, "job") == job_) {
           evidence = key + " is a load decision of the Checkpointer now opening (" + scope_ +
-                     "), which has made none yet";
+                     "), which has made none yet (or this process opened another Checkpointer "
+                     "on this store under another URI)";
           break;
         }
       }
@@ -302,10 +306,13 @@ class FileCoordinator : public Coordinator {
     return Status(Code::kFailedPrecondition,
                   "job id \"" + rank_.job_id + "\" was used before on " + backend_->Uri() + ": " +
                       evidence +
-                      ". The other ranks would take that launch's records for this one's. Give "
-                      "every launch its own job id: leave it to the launcher (ckptio-launch "
-                      "without --job-id, torchrun --rdzv-id, Slurm, mpirun) or export "
-                      "CKPTIO_JOB_ID=$(date +%s%N)");
+                      ". The other ranks would take that launch's records for this one's. Every "
+                      "launch, and every program a launch runs in turn, needs its own job id (a "
+                      "CKPTIO_JOB_ID, ckptio-launch --job-id or torchrun --rdzv-id used again "
+                      "repeats one, as do an elastic torchrun re-rendezvous and a second program "
+                      "in one launch or Slurm step): export CKPTIO_JOB_ID=$(date +%s%N) per "
+                      "program, give each torchrun launch its own --rdzv-id, or use wait mode "
+                      "c10d-store, whose records live in the trainer's c10d store");
   }
 
   // Rank 0, holding the store's writer lock (so no other job's rank 0 can
