@@ -1478,6 +1478,10 @@ TEST(FileCoordinatorTest, RankZeroRefusesAJobIdThatAnEarlierLaunchUsed) {
     CKPTIO_EXPECT_OK(opened(0, again, "two", mode));
   for (WaitMode mode : {WaitMode::kFileLock, WaitMode::kManifest})
     expect_refused(opened(0, again, "one", mode), ".coord/decision-one-load-1 is a load decision");
+  std::printf(
+      "coordination: a job id used before on the store refused by rank 0 as it opens "
+      "(FAILED_PRECONDITION), in both file modes, from the earlier launch's save record "
+      "(another process's) or a load decision of the Checkpointer opening\n");
 }
 
 // Fails reads of LATEST and of published records with UNAVAILABLE (as an
