@@ -70,7 +70,7 @@ std::string ErrorText(struct nfs_context* ctx) {
 // Asynchronous READs or WRITEs of one file: piece i is [off, off + len) of
 // the file, at buf in memory (a READ's answer is copied there), and rc its
 // outcome once answered: the bytes done, or -errno. Calls in flight point
-// into the batch.
+// into the batch, and a READ's into buf.
 struct AsyncBatch {
   struct Piece {
     AsyncBatch* batch;
@@ -79,8 +79,17 @@ struct AsyncBatch {
     char* buf;
     int rc = 0;
   };
-  size_t pending = 0;
+  size_t sent = 0;      // pieces[0, sent) were queued
+  size_t pending = 0;   // of those, not yet answered
+  bool failed = false;  // one was answered with an error: queue no more
   std::vector<Piece> pieces;
+
+  // The first piece sent that failed, if any.
+  const Piece* FirstFailed() const {
+    for (size_t i = 0; i < sent; ++i)
+      if (pieces[i].rc < 0) return &pieces[i];
+    return nullptr;
+  }
 
   // [p, p + n) at file offset `off`, in pieces of at most `piece` bytes.
   static std::unique_ptr<AsyncBatch> Split(uint64_t off, char* p, size_t n, size_t piece) {
@@ -105,6 +114,7 @@ struct AsyncBatch {
   static void Answered(void* piece, int rc) {
     auto* to = static_cast<Piece*>(piece);
     to->rc = rc;
+    to->batch->failed |= rc < 0;
     --to->batch->pending;
   }
 };
@@ -288,25 +298,29 @@ class Connection {
 
   // Runs the calls of `batch` on `on`, `window` of them in flight at once,
   // `send` queuing one (0, or libnfs's error), driving libnfs's event loop
-  // as its synchronous calls do (callers hold mu). One that libnfs cannot
-  // queue (out of memory) fails the batch as RESOURCE_EXHAUSTED once those
-  // sent are answered. If the event loop fails, the calls in flight stay on
-  // a connection now marked failed and never serviced again: the batch they
-  // point to stays with it (`batch` is then null).
+  // as its synchronous calls do (callers hold mu), until all are answered
+  // or, once one failed (a timeout: no more calls to a hung server) or one
+  // could not be queued, those sent are. The error of a piece sent comes
+  // first (FirstFailed); one that libnfs cannot queue (out of memory) is
+  // RESOURCE_EXHAUSTED, returned here. If the event loop fails, the calls in
+  // flight stay on a connection now marked failed and never serviced again
+  // (so they never touch their buffers): the batch they point to stays with
+  // it, and `batch` is then null.
   Status RunBatchLocked(struct nfs_context* on, std::unique_ptr<AsyncBatch>& batch, size_t window,
                         const std::function<int(AsyncBatch::Piece&)>& send, const char* call,
                         const std::string& what) {
     Status error;
-    for (size_t next = 0;;) {
-      while (error.ok() && next < batch->pieces.size() && batch->pending < window) {
-        if (send(batch->pieces[next]) != 0) {
+    while (true) {
+      AsyncBatch& b = *batch;
+      while (error.ok() && !b.failed && b.sent < b.pieces.size() && b.pending < window) {
+        if (send(b.pieces[b.sent]) != 0) {
           error =
               Status(Code::kResourceExhausted, uri + ": " + what + ": libnfs could not queue a " +
                                                    call + " (" + ErrorText(on) + ")");
           break;
         }
-        ++batch->pending;
-        ++next;
+        ++b.pending;
+        ++b.sent;
       }
       if (batch->pending == 0) return error;
       struct pollfd pfd = {nfs_get_fd(on), static_cast<short>(nfs_which_events(on)), 0};
@@ -524,7 +538,7 @@ class Connection {
   std::vector<struct nfs_context*> retired;      // replaced by Reconnect
   mutable std::set<struct nfs_context*> failed;  // transport errors seen on these
   // What requests left in flight on a failed context point to (see
-  // WriteBatchLocked): kept until the contexts are released, since a failed
+  // RunBatchLocked): kept until the contexts are released, since a failed
   // context is never serviced again and its callbacks never run.
   std::vector<std::shared_ptr<void>> stranded;
   // No reconnect before quiet_until (steady_clock ticks; see EnsureConnected):
@@ -844,16 +858,18 @@ class NfsWriter : public ObjectWriter {
   // batch.
   Status WriteBatchLocked(uint64_t off, const char* p, size_t n) {
     auto batch = AsyncBatch::Split(off, const_cast<char*>(p), n, c_->max_write);
-    CKPTIO_RETURN_IF_ERROR(c_->RunBatchLocked(
+    Status queued = c_->RunBatchLocked(
         ctx_, batch, batch->pieces.size(),
         [&](AsyncBatch::Piece& piece) {
           return nfs_pwrite_async(ctx_, fh_, piece.off, piece.len, piece.buf, AsyncBatch::Wrote,
                                   &piece);
         },
-        "WRITE", "write " + tmp_));
-    for (const auto& piece : batch->pieces) {  // in order: the first failure is reported
-      if (piece.rc < 0)
-        return c_->CallError(ctx_, fh_, piece.rc, "write " + tmp_, Dir(tmp_), piece.len);
+        "WRITE", "write " + tmp_);
+    if (!batch) return queued;
+    if (const auto* failed = batch->FirstFailed())
+      return c_->CallError(ctx_, fh_, failed->rc, "write " + tmp_, Dir(tmp_), failed->len);
+    CKPTIO_RETURN_IF_ERROR(queued);
+    for (const auto& piece : batch->pieces) {
       const size_t wrote = static_cast<size_t>(piece.rc);
       if (wrote < piece.len)
         CKPTIO_RETURN_IF_ERROR(
@@ -951,7 +967,7 @@ class NfsReader : public ObjectReader {
   Status SnapshotLocked() {
     snapshot_.resize(size_);
     Status s = ReadRangeLocked(0, snapshot_.data(), size_);
-    (void)nfs_close(ctx_, fh_);
+    if (!c_->Broken(ctx_)) (void)nfs_close(ctx_, fh_);
     fh_ = nullptr;
     return s;
   }
@@ -963,14 +979,17 @@ class NfsReader : public ObjectReader {
   Status ReadRangeLocked(uint64_t offset, char* p, size_t n) {
     if (n <= c_->max_read) return ReadLocked(offset, p, n);
     auto batch = AsyncBatch::Split(offset, p, n, c_->max_read);
-    CKPTIO_RETURN_IF_ERROR(c_->RunBatchLocked(
+    Status queued = c_->RunBatchLocked(
         ctx_, batch, c_->reads_in_flight,
         [&](AsyncBatch::Piece& piece) {
           return nfs_pread_async(ctx_, fh_, piece.off, piece.len, AsyncBatch::Read, &piece);
         },
-        "READ", "read " + path_));
-    for (const auto& piece : batch->pieces) {  // in order: the first failure is reported
-      if (piece.rc < 0) return c_->CallError(ctx_, fh_, piece.rc, "read " + path_);
+        "READ", "read " + path_);
+    if (!batch) return queued;
+    if (const auto* failed = batch->FirstFailed())
+      return c_->CallError(ctx_, fh_, failed->rc, "read " + path_);
+    CKPTIO_RETURN_IF_ERROR(queued);
+    for (const auto& piece : batch->pieces) {
       const size_t got = static_cast<size_t>(piece.rc);
       if (got < piece.len)  // (nothing at all: ReadLocked reports the object truncated)
         CKPTIO_RETURN_IF_ERROR(ReadLocked(piece.off + got, piece.buf + got, piece.len - got));

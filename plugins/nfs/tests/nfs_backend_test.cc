@@ -882,12 +882,55 @@ TEST_P(NfsBackendFaults, AReadThatCannotBeQueuedFailsTheRead) {
     };
     nfs_hooks::Scope scope(h);
     Status s = (*reader)->ReadAt(0, out.data(), out.size());
+    EXPECT_EQ(nfs_hooks::reads_in_flight.load(), 0) << "returned before the READs sent came back";
     EXPECT_EQ(s.code(), Code::kResourceExhausted) << s;
     EXPECT_TRUE(Contains(s.message(), "libnfs could not queue a READ")) << s;
     EXPECT_TRUE(Contains(s.message(), "out of memory (test hook)")) << s;
   }
   ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
   EXPECT_TRUE(out == big);
+}
+
+// A READ that fails (here a timeout, as libnfs reports one) ends its batch:
+// no further READ goes to a server that does not answer, so a read of a
+// hung server fails after one timeout_ms, as UNAVAILABLE.
+TEST_P(NfsBackendFaults, AFailedReadEndsItsBatch) {
+  const std::string big = RandomBytes(8 << 20, 13);
+  ASSERT_TRUE(Put(*backend_, "big", big).ok());
+  auto reader = backend_->OpenObject("big");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::atomic<int> sent{0};
+  nfs_hooks::Hooks h;
+  h.pread_async = [&](nfs_context*, nfsfh*, uint64_t, uint64_t count) {
+    ++sent;
+    return static_cast<int64_t>(count);
+  };
+  h.pread_answer = [&](nfs_context* n, uint64_t off, int rc) {
+    return off == 0 ? nfs_hooks::Fail(n, -ETIMEDOUT, "Command timed out") : rc;
+  };
+  nfs_hooks::Scope scope(h);
+  std::string out(big.size(), '\0');
+  Status s = (*reader)->ReadAt(0, out.data(), out.size());
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s;
+  EXPECT_TRUE(Contains(s.message(), "did not answer within")) << s;
+  EXPECT_EQ(sent.load(), 2) << "READs were sent after one failed (2 are in flight at once)";
+}
+
+// An object cut short after it was opened (damage behind the reader's
+// back): the READs past its new end answer short or with nothing, and the
+// read fails as DATA_LOSS saying where the object ends.
+TEST_P(NfsBackendFaults, AReadOfAnObjectCutShortIsDataLoss) {
+  const std::string big = RandomBytes(4 << 20, 14);
+  ASSERT_TRUE(Put(*backend_, "big", big).ok());
+  auto reader = backend_->OpenObject("big");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  constexpr uint64_t kCut = (3 << 20) + 100;
+  std::filesystem::resize_file(dir_ + "/big", kCut);
+  std::string out(big.size(), '\0');
+  Status s = (*reader)->ReadAt(0, out.data(), out.size());
+  EXPECT_EQ(s.code(), Code::kDataLoss) << s;
+  EXPECT_TRUE(Contains(s.message(), ("ends at byte " + std::to_string(kCut)).c_str())) << s;
+  EXPECT_TRUE(out.compare(0, kCut, big, 0, kCut) == 0) << "the bytes before the cut differ";
 }
 
 // Hooks under which the first READ of a thread other than this one (the
