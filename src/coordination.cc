@@ -279,8 +279,9 @@ class FileCoordinator : public Coordinator {
 
   // Rank 0 of several, before it writes anything: refuses a job id that
   // another process used on this store before (the message says what
-  // repeats one), whose records the other ranks would take for this
-  // launch's: a load decision, a commit. The evidence:
+  // repeats one; in this process, a Checkpointer on the same store under
+  // another URI also gives a load decision away), whose records the other
+  // ranks would take for this launch's: a load decision, a commit. The evidence:
   // rank 0's save record of this job written by another process, or a load
   // decision of the Checkpointer now opening, which has made none yet. Best
   // effort: a record it cannot read proves nothing.

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -28,6 +29,7 @@ namespace ckptio {
 namespace {
 
 constexpr size_t kWriteBuffer = 1 << 20;
+constexpr size_t kMaxRead = 1 << 20;  // the most one READ asks for
 using nfs_limits::kV4MaxWrite;
 using nfs_limits::kV4WritesInFlight;
 constexpr uint64_t kSnapshotBytes = 1 << 20;
@@ -79,17 +81,13 @@ struct AsyncBatch {
     char* buf;
     int rc = 0;
   };
-  size_t sent = 0;      // pieces[0, sent) were queued
-  size_t pending = 0;   // of those, not yet answered
-  bool failed = false;  // one was answered with an error: queue no more
+  size_t sent = 0;     // pieces[0, sent) were queued
+  size_t pending = 0;  // of those, not yet answered
+  // The first piece answered with an error, and libnfs's text for it then
+  // (a later failure replaces the connection's): queue no more.
+  const Piece* failed = nullptr;
+  std::string failed_text;
   std::vector<Piece> pieces;
-
-  // The first piece sent that failed, if any.
-  const Piece* FirstFailed() const {
-    for (size_t i = 0; i < sent; ++i)
-      if (pieces[i].rc < 0) return &pieces[i];
-    return nullptr;
-  }
 
   // [p, p + n) at file offset `off`, in pieces of at most `piece` bytes.
   static std::unique_ptr<AsyncBatch> Split(uint64_t off, char* p, size_t n, size_t piece) {
@@ -100,22 +98,28 @@ struct AsyncBatch {
     return batch;
   }
   // libnfs callbacks, the piece as private data.
-  static void Wrote(int rc, struct nfs_context*, void*, void* piece) { Answered(piece, rc); }
-  static void Read(int rc, struct nfs_context*, void* data, void* piece) {
+  static void Wrote(int rc, struct nfs_context* ctx, void*, void* piece) {
+    Answered(ctx, piece, rc);
+  }
+  static void Read(int rc, struct nfs_context* ctx, void* data, void* piece) {
     auto* to = static_cast<Piece*>(piece);
     if (rc > 0) {
       rc = static_cast<int>(std::min(static_cast<size_t>(rc), to->len));
       std::memcpy(to->buf, data, static_cast<size_t>(rc));
     }
-    Answered(piece, rc);
+    Answered(ctx, piece, rc);
   }
 
  private:
-  static void Answered(void* piece, int rc) {
+  static void Answered(struct nfs_context* ctx, void* piece, int rc) {
     auto* to = static_cast<Piece*>(piece);
+    AsyncBatch& batch = *to->batch;
     to->rc = rc;
-    to->batch->failed |= rc < 0;
-    --to->batch->pending;
+    if (rc < 0 && !batch.failed) {
+      batch.failed = to;
+      batch.failed_text = ErrorText(ctx);
+    }
+    --batch.pending;
   }
 };
 
@@ -268,8 +272,10 @@ class Connection {
       return Kind::kTransport;
     return Kind::kOther;
   }
-  Status ErrorOn(struct nfs_context* on, int rc, const std::string& what) const {
-    const char* detail = on ? nfs_get_error(on) : nullptr;
+  // (`text`: libnfs's text for the error, if not the connection's last.)
+  Status ErrorOn(struct nfs_context* on, int rc, const std::string& what,
+                 const char* text = nullptr) const {
+    const char* detail = text ? text : on ? nfs_get_error(on) : nullptr;
     int err = rc < 0 ? -rc : EIO;
     std::string msg = what + " on " + uri;
     if (detail && *detail) msg += " (" + std::string(detail) + ")";
@@ -296,25 +302,27 @@ class Connection {
     return root + (key.empty() ? "" : "/" + std::string(key));
   }
 
-  // Runs the calls of `batch` on `on`, `window` of them in flight at once,
-  // `send` queuing one (0, or libnfs's error), driving libnfs's event loop
-  // as its synchronous calls do (callers hold mu), until all are answered
-  // or, once one failed (a timeout: no more calls to a hung server) or one
-  // could not be queued, those sent are. The error of a piece sent comes
-  // first (FirstFailed); one that libnfs cannot queue (out of memory) is
-  // RESOURCE_EXHAUSTED, returned here. If the event loop fails, the calls in
-  // flight stay on a connection now marked failed and never serviced again
-  // (so they never touch their buffers): the batch they point to stays with
-  // it, and `batch` is then null.
-  Status RunBatchLocked(struct nfs_context* on, std::unique_ptr<AsyncBatch>& batch, size_t window,
-                        const std::function<int(AsyncBatch::Piece&)>& send, const char* call,
-                        const std::string& what) {
-    Status error;
+  // Runs the calls (`call`s: READ or WRITE) of `batch` on file `fh` of
+  // `on`, `window` of them in flight at once, `send` queuing one (0, or
+  // libnfs's error), driving libnfs's event loop as its synchronous calls
+  // do (callers hold mu); then `rest` completes each piece answered short,
+  // given the bytes done. Once a call failed (a timeout: no more calls to a
+  // hung server) or one could not be queued, the batch waits only for those
+  // sent, and fails with the first failure (CallError, `dir` as there),
+  // else RESOURCE_EXHAUSTED (libnfs out of memory). If the event loop
+  // fails, the calls in flight stay on a connection now marked failed and
+  // never serviced again (so they never touch their buffers), and the
+  // batch they point to stays with it.
+  Status RunBatchLocked(struct nfs_context* on, struct nfsfh* fh, std::unique_ptr<AsyncBatch> batch,
+                        size_t window, const char* call, const std::string& what,
+                        const std::string& dir, const std::function<int(AsyncBatch::Piece&)>& send,
+                        const std::function<Status(const AsyncBatch::Piece&, size_t)>& rest) {
+    AsyncBatch& b = *batch;
+    Status unqueued;
     while (true) {
-      AsyncBatch& b = *batch;
-      while (error.ok() && !b.failed && b.sent < b.pieces.size() && b.pending < window) {
+      while (unqueued.ok() && !b.failed && b.sent < b.pieces.size() && b.pending < window) {
         if (send(b.pieces[b.sent]) != 0) {
-          error =
+          unqueued =
               Status(Code::kResourceExhausted, uri + ": " + what + ": libnfs could not queue a " +
                                                    call + " (" + ErrorText(on) + ")");
           break;
@@ -322,7 +330,7 @@ class Connection {
         ++b.pending;
         ++b.sent;
       }
-      if (batch->pending == 0) return error;
+      if (b.pending == 0) break;
       struct pollfd pfd = {nfs_get_fd(on), static_cast<short>(nfs_which_events(on)), 0};
       int ready = ::poll(&pfd, 1, 100);  // timeouts are found by nfs_service
       if (ready < 0 && errno == EINTR) continue;
@@ -332,6 +340,14 @@ class Connection {
         return s;
       }
     }
+    if (b.failed)
+      return CallError(on, fh, b.failed->rc, what, dir, b.failed->len, b.failed_text.c_str());
+    CKPTIO_RETURN_IF_ERROR(unqueued);
+    for (const auto& piece : b.pieces) {
+      const size_t done = static_cast<size_t>(piece.rc);
+      if (done < piece.len) CKPTIO_RETURN_IF_ERROR(rest(piece, done));
+    }
+    return OkStatus();
   }
 
   // mkdir -p of the folders above `key` (callers hold mu). A folder of the
@@ -411,8 +427,8 @@ class Connection {
   // server refused the call itself. After a refused WRITE of `bytes` bytes,
   // FSSTAT on `dir` tells whether the server is out of space.
   Status CallError(struct nfs_context* on, struct nfsfh* fh, int rc, const std::string& what,
-                   const std::string& dir = "", uint64_t bytes = 0) {
-    if (rc != -EFAULT) return ErrorOn(on, rc, what);
+                   const std::string& dir = "", uint64_t bytes = 0, const char* text = nullptr) {
+    if (rc != -EFAULT) return ErrorOn(on, rc, what, text);
     struct nfs_stat_64 st;
     int probe = nfs_fstat64(on, fh, &st);
     if (probe == -ESTALE) return ErrorOn(on, probe, what);
@@ -527,7 +543,7 @@ class Connection {
   std::string root;         // the store's folder, relative to the mount ("" or "/a/b")
   size_t max_write = kWriteBuffer;
   size_t writes_in_flight = 1;  // WRITEs of max_write bytes sent at once
-  size_t max_read = kWriteBuffer;
+  size_t max_read = kMaxRead;
   size_t reads_in_flight = 2;  // READs of max_read bytes in flight at once
   FairMutex mu;                // ctx, retired, failed, stranded, reconnects; every call on them
   std::mutex locks_mu;         // held, stop, lease_ctx, lease_failed
@@ -857,25 +873,16 @@ class NfsWriter : public ObjectWriter {
   // at once (callers hold mu). A short WRITE's rest is written after the
   // batch.
   Status WriteBatchLocked(uint64_t off, const char* p, size_t n) {
-    auto batch = AsyncBatch::Split(off, const_cast<char*>(p), n, c_->max_write);
-    Status queued = c_->RunBatchLocked(
-        ctx_, batch, batch->pieces.size(),
+    return c_->RunBatchLocked(
+        ctx_, fh_, AsyncBatch::Split(off, const_cast<char*>(p), n, c_->max_write), SIZE_MAX,
+        "WRITE", "write " + tmp_, Dir(tmp_),
         [&](AsyncBatch::Piece& piece) {
           return nfs_pwrite_async(ctx_, fh_, piece.off, piece.len, piece.buf, AsyncBatch::Wrote,
                                   &piece);
         },
-        "WRITE", "write " + tmp_);
-    if (!batch) return queued;
-    if (const auto* failed = batch->FirstFailed())
-      return c_->CallError(ctx_, fh_, failed->rc, "write " + tmp_, Dir(tmp_), failed->len);
-    CKPTIO_RETURN_IF_ERROR(queued);
-    for (const auto& piece : batch->pieces) {
-      const size_t wrote = static_cast<size_t>(piece.rc);
-      if (wrote < piece.len)
-        CKPTIO_RETURN_IF_ERROR(
-            WriteLocked(piece.off + wrote, piece.buf + wrote, piece.len - wrote));
-    }
-    return OkStatus();
+        [&](const AsyncBatch::Piece& piece, size_t wrote) {
+          return WriteLocked(piece.off + wrote, piece.buf + wrote, piece.len - wrote);
+        });
   }
 
   // After a failed RENAME: did it happen anyway (a lost reply)? Only if the
@@ -978,23 +985,15 @@ class NfsReader : public ObjectReader {
   // otherwise leave the link idle). A short READ's rest is read after.
   Status ReadRangeLocked(uint64_t offset, char* p, size_t n) {
     if (n <= c_->max_read) return ReadLocked(offset, p, n);
-    auto batch = AsyncBatch::Split(offset, p, n, c_->max_read);
-    Status queued = c_->RunBatchLocked(
-        ctx_, batch, c_->reads_in_flight,
+    return c_->RunBatchLocked(
+        ctx_, fh_, AsyncBatch::Split(offset, p, n, c_->max_read), c_->reads_in_flight, "READ",
+        "read " + path_, "",
         [&](AsyncBatch::Piece& piece) {
           return nfs_pread_async(ctx_, fh_, piece.off, piece.len, AsyncBatch::Read, &piece);
         },
-        "READ", "read " + path_);
-    if (!batch) return queued;
-    if (const auto* failed = batch->FirstFailed())
-      return c_->CallError(ctx_, fh_, failed->rc, "read " + path_);
-    CKPTIO_RETURN_IF_ERROR(queued);
-    for (const auto& piece : batch->pieces) {
-      const size_t got = static_cast<size_t>(piece.rc);
-      if (got < piece.len)  // (nothing at all: ReadLocked reports the object truncated)
-        CKPTIO_RETURN_IF_ERROR(ReadLocked(piece.off + got, piece.buf + got, piece.len - got));
-    }
-    return OkStatus();
+        [&](const AsyncBatch::Piece& piece, size_t got) {  // (none: ReadLocked says truncated)
+          return ReadLocked(piece.off + got, piece.buf + got, piece.len - got);
+        });
   }
 
   // One READ after another.
@@ -1621,7 +1620,7 @@ Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions o) {
   }
   // (libnfs 4.0 knows no v4 maximum: a server that reads less answers short.)
   if (uint64_t rmax = nfs_get_readmax(c->ctx); rmax > 0)
-    c->max_read = std::min<uint64_t>(rmax, kWriteBuffer);
+    c->max_read = std::min<uint64_t>(rmax, kMaxRead);
   c->reads_in_flight = std::max<size_t>(2, kReadAhead / c->max_read);
   return std::unique_ptr<StorageBackend>(std::make_unique<NfsBackend>(std::move(c)));
 }
