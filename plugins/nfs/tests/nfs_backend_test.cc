@@ -917,6 +917,28 @@ TEST_P(NfsBackendFaults, AFailedReadEndsItsBatch) {
   EXPECT_EQ(sent.load(), 2) << "READs were sent after one failed (2 are in flight at once)";
 }
 
+// Two READs of a batch fail: the error reported is the first one, with
+// libnfs's text for it, not the text of the failure libnfs recorded last
+// (which would turn a refused READ into a timeout here).
+TEST_P(NfsBackendFaults, ABatchReportsItsFirstFailureWithItsOwnText) {
+  const std::string big = RandomBytes(8 << 20, 15);
+  ASSERT_TRUE(Put(*backend_, "big", big).ok());
+  auto reader = backend_->OpenObject("big");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::atomic<int> answers{0};
+  nfs_hooks::Hooks h;
+  h.pread_answer = [&](nfs_context* n, uint64_t, int) {
+    return ++answers == 1 ? nfs_hooks::Fail(n, -EACCES, "injected: the first failure")
+                          : nfs_hooks::Fail(n, -ETIMEDOUT, "Command timed out");
+  };
+  nfs_hooks::Scope scope(h);
+  std::string out(big.size(), '\0');
+  Status s = (*reader)->ReadAt(0, out.data(), out.size());
+  EXPECT_EQ(answers.load(), 2) << "both READs in flight are answered";
+  EXPECT_EQ(s.code(), Code::kPermissionDenied) << s;
+  EXPECT_TRUE(Contains(s.message(), "injected: the first failure")) << s;
+}
+
 // An object cut short after it was opened (damage behind the reader's
 // back): the READs past its new end answer short or with nothing, and the
 // read fails as DATA_LOSS saying where the object ends.
