@@ -12,6 +12,8 @@
 # CKPTIO_NFS_NLM_PORT): 20490 NFS, 20048 mount, 20049 NLM. One server per
 # port set: stop it before starting another on the same ports. NFSv4 leases
 # last CKPTIO_NFS_LEASE_S seconds (default 10; servers default to 60-90).
+# CKPTIO_NFS_MAX_READ=BYTES caps each READ (as small servers do; v3 clients
+# are told, v4 ones find out from short answers).
 #
 # URIs of the export:
 #   nfs://127.0.0.1/DIR/export?version=3&nfsport=20490&mountport=20048
@@ -21,7 +23,7 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
 if [ -z "$cmd" ] || [ -z "$dir" ]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$dir"
@@ -110,6 +112,7 @@ EXPORT {
   SecType = sys;
   # Tests also touch the folder directly: never serve cached attributes.
   Attr_Expiration_Time = 0;
+${CKPTIO_NFS_MAX_READ:+  MaxRead = $CKPTIO_NFS_MAX_READ;}
   FSAL { Name = VFS; }
 }
 LOG { Default_Log_Level = EVENT; }

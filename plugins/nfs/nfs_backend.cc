@@ -298,6 +298,19 @@ class Connection {
     return s;
   }
 
+  // libnfs 4.0 knows no NFSv4 READ maximum, so max_read starts at kMaxRead
+  // there; a server that reads less answers each READ short, with its own
+  // maximum. After such an answer of `got` bytes (callers hold mu), READs
+  // ask for that much (in 4 KiB units), more of them in flight, so the
+  // rest is pipelined too. (v3 asks the server: a short answer there is
+  // the end of a truncated file.)
+  void LearnReadMax(size_t got) {
+    const size_t fits = got & ~size_t{4095};
+    if (options.version != 4 || fits == 0 || fits >= max_read) return;
+    max_read = fits;
+    reads_in_flight = std::max<size_t>(2, kReadAhead / max_read);
+  }
+
   std::string Path(std::string_view key) const {
     return root + (key.empty() ? "" : "/" + std::string(key));
   }
@@ -982,7 +995,9 @@ class NfsReader : public ObjectReader {
  private:
   // Reads [p, p + n) at `offset` (callers hold mu): READs of max_read
   // bytes, reads_in_flight of them at once (each READ's round trip would
-  // otherwise leave the link idle). A short READ's rest is read after.
+  // otherwise leave the link idle). A short READ's rest is read after, in
+  // READs of the size the server answered if a v4 server read less than
+  // asked (see LearnReadMax).
   Status ReadRangeLocked(uint64_t offset, char* p, size_t n) {
     if (n <= c_->max_read) return ReadLocked(offset, p, n);
     return c_->RunBatchLocked(
@@ -992,7 +1007,8 @@ class NfsReader : public ObjectReader {
           return nfs_pread_async(ctx_, fh_, piece.off, piece.len, AsyncBatch::Read, &piece);
         },
         [&](const AsyncBatch::Piece& piece, size_t got) {  // (none: ReadLocked says truncated)
-          return ReadLocked(piece.off + got, piece.buf + got, piece.len - got);
+          c_->LearnReadMax(got);
+          return ReadRangeLocked(piece.off + got, piece.buf + got, piece.len - got);
         });
   }
 
@@ -1618,7 +1634,7 @@ Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions o) {
     uint64_t wmax = nfs_get_writemax(c->ctx);
     if (wmax > 0) c->max_write = std::min<uint64_t>(wmax, kWriteBuffer);
   }
-  // (libnfs 4.0 knows no v4 maximum: a server that reads less answers short.)
+  // (libnfs 4.0 knows no v4 maximum: see LearnReadMax.)
   if (uint64_t rmax = nfs_get_readmax(c->ctx); rmax > 0)
     c->max_read = std::min<uint64_t>(rmax, kMaxRead);
   c->reads_in_flight = std::max<size_t>(2, kReadAhead / c->max_read);

@@ -956,6 +956,54 @@ TEST_P(NfsBackendFaults, AReadOfAnObjectCutShortIsDataLoss) {
   EXPECT_TRUE(out.compare(0, kCut, big, 0, kCut) == 0) << "the bytes before the cut differ";
 }
 
+// A v4 server that reads less than 1 MiB per READ (here a real one capped
+// at 64 KiB, as small servers are) answers each READ short; libnfs 4.0
+// knows no v4 maximum to ask for. The reader then asks for what the server
+// answered, with more READs in flight, for the rest of each piece and for
+// later reads, instead of reading each rest one READ at a time.
+TEST_P(NfsV4Faults, AServerThatReadsLessIsReadInItsSizeWithReadsInFlight) {
+  static NfsServer small("/tmp/ckptio-nfs-small-read-" + std::to_string(::getpid()),
+                         NfsServer::Ports{20790, 20348, 20349}, "CKPTIO_NFS_MAX_READ=65536");
+  ASSERT_TRUE(small.ok()) << "cannot start an NFS server with MaxRead = 64 KiB";
+  const std::string big = RandomBytes((8 << 20) + 12345, 16);
+  std::ofstream(small.export_dir() + "/big", std::ios::binary) << big;
+  auto uri = Uri::Parse(small.Uri(4, ""));
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  auto options = ParseNfsUri(*uri);
+  ASSERT_TRUE(options.ok()) << options.status();
+  auto backend = NewNfsBackend(*options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto reader = (*backend)->OpenObject("big");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+
+  std::atomic<int> one_at_a_time{0};
+  std::atomic<uint64_t> largest_asked{0};
+  nfs_hooks::Hooks h;
+  h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+    ++one_at_a_time;
+    return nfs_hooks::RealPread(n, fh, off, count, buf);
+  };
+  h.pread_async = [&](nfs_context*, nfsfh*, uint64_t, uint64_t count) -> int64_t {
+    for (uint64_t m = largest_asked; count > m && !largest_asked.compare_exchange_weak(m, count);) {
+    }
+    return static_cast<int64_t>(count);
+  };
+  nfs_hooks::Scope scope(h);
+  nfs_hooks::max_reads_in_flight = 0;
+  std::string out(big.size(), '\0');
+  ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
+  EXPECT_TRUE(out == big) << "the bytes read differ";
+  EXPECT_LE(one_at_a_time.load(), 1) << "the rests of short READs went one READ at a time";
+  EXPECT_GE(nfs_hooks::max_reads_in_flight.load(), 8) << "64 KiB READs, 2 MiB of them at once";
+
+  largest_asked = 0;
+  out.assign(big.size(), '\0');
+  ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
+  EXPECT_TRUE(out == big) << "the bytes read again differ";
+  EXPECT_EQ(largest_asked.load(), 65536u)
+      << "a later read still asks for more than the server reads";
+}
+
 // Hooks under which the first READ of a thread other than this one (the
 // keepalive thread's renewal) gets no answer for 3 s; *stuck says it began.
 nfs_hooks::Hooks FirstRenewalReadStuck(std::atomic<bool>* stuck) {

@@ -13,10 +13,11 @@ int Run(const std::string& cmd) { return std::system(cmd.c_str()); }
 
 }  // namespace
 
-NfsServer::NfsServer(std::string dir, Ports ports) : NfsServer(std::move(dir), ports, true) {}
+NfsServer::NfsServer(std::string dir, Ports ports, std::string env)
+    : NfsServer(std::move(dir), ports, std::move(env), true) {}
 
-NfsServer::NfsServer(std::string dir, Ports ports, bool owned)
-    : dir_(std::move(dir)), ports_(ports), owned_(owned) {
+NfsServer::NfsServer(std::string dir, Ports ports, std::string env, bool owned)
+    : dir_(std::move(dir)), ports_(ports), env_(std::move(env)), owned_(owned) {
   ok_ = owned_ ? Start()
                : Run(std::string(CKPTIO_SOURCE_DIR) + "/tools/nfs-server.sh status " + dir_) == 0;
   if (!ok_) std::cerr << "NfsServer: no NFS server running for " << dir_ << "\n";
@@ -31,7 +32,7 @@ NfsServer::~NfsServer() {
 NfsServer& NfsServer::Shared() {
   static NfsServer* server = [] {
     const char* fixture = std::getenv("CKPTIO_NFS_DIR");
-    if (fixture && *fixture) return new NfsServer(fixture, Ports{}, false);
+    if (fixture && *fixture) return new NfsServer(fixture, Ports{}, "", false);
     static NfsServer own("/tmp/ckptio-nfs-" + std::to_string(::getpid()), Ports{});
     return &own;
   }();
@@ -49,7 +50,7 @@ std::string NfsServer::Uri(int version, const std::string& sub, const std::strin
 bool NfsServer::Start() {
   std::string env = "CKPTIO_NFS_PORT=" + std::to_string(ports_.nfs) +
                     " CKPTIO_NFS_MOUNT_PORT=" + std::to_string(ports_.mount) +
-                    " CKPTIO_NFS_NLM_PORT=" + std::to_string(ports_.nlm) + " ";
+                    " CKPTIO_NFS_NLM_PORT=" + std::to_string(ports_.nlm) + " " + env_ + " ";
   ok_ = Run(env + CKPTIO_SOURCE_DIR + "/tools/nfs-server.sh start " + dir_ + " >/dev/null") == 0;
   return ok_;
 }

@@ -13,8 +13,9 @@ class NfsServer {
   struct Ports {
     int nfs = 20490, mount = 20048, nlm = 20049;
   };
-  // Starts a private server in `dir` on `ports` (stopped by the destructor).
-  NfsServer(std::string dir, Ports ports);
+  // Starts a private server in `dir` on `ports` (stopped by the destructor),
+  // `env` setting tools/nfs-server.sh's knobs ("CKPTIO_NFS_MAX_READ=65536").
+  NfsServer(std::string dir, Ports ports, std::string env = "");
   ~NfsServer();
   NfsServer(const NfsServer&) = delete;
   NfsServer& operator=(const NfsServer&) = delete;
@@ -35,9 +36,10 @@ class NfsServer {
   bool Running() const;  // Ganesha is up (not killed or exited)
 
  private:
-  NfsServer(std::string dir, Ports ports, bool owned);
+  NfsServer(std::string dir, Ports ports, std::string env, bool owned);
   std::string dir_;
   Ports ports_;
+  std::string env_;
   bool owned_;
   bool ok_ = false;
 };
