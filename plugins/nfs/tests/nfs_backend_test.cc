@@ -534,8 +534,10 @@ class NfsBackendFaults : public ::testing::TestWithParam<int> {
     ASSERT_TRUE(backend_);
   }
   int version() const { return GetParam(); }
-  std::unique_ptr<StorageBackend> Backend(const std::string& extra = "") {
-    auto uri = Uri::Parse(NfsServer::Shared().Uri(version(), sub_, extra));
+  // A backend on folder sub_ of `server`'s export.
+  std::unique_ptr<StorageBackend> Backend(const std::string& extra = "",
+                                          const NfsServer& server = NfsServer::Shared()) {
+    auto uri = Uri::Parse(server.Uri(version(), sub_, extra));
     EXPECT_TRUE(uri.ok()) << uri.status();
     if (!uri.ok()) return nullptr;
     auto options = ParseNfsUri(*uri);
@@ -550,6 +552,15 @@ class NfsBackendFaults : public ::testing::TestWithParam<int> {
     CKPTIO_ASSIGN_OR_RETURN(auto w, b.NewObject(key, mode));
     CKPTIO_RETURN_IF_ERROR(w->Append(bytes.data(), bytes.size()));
     return w->Commit();
+  }
+  // Puts `bytes` as object `key` and opens it (null, the test failed, if
+  // either fails).
+  std::unique_ptr<ObjectReader> PutAndOpen(std::string_view key, const std::string& bytes) {
+    Status put = Put(*backend_, key, bytes);
+    EXPECT_TRUE(put.ok()) << put;
+    auto reader = backend_->OpenObject(key);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    return put.ok() && reader.ok() ? std::move(*reader) : nullptr;
   }
   static Result<std::string> Get(StorageBackend& b, std::string_view key) {
     CKPTIO_ASSIGN_OR_RETURN(auto r, b.OpenObject(key));
@@ -871,9 +882,8 @@ TEST_P(NfsBackendFaults, ALargeReadIsPipelinedAndShortReadsAreCompleted) {
 // the batch); the connection stays in use.
 TEST_P(NfsBackendFaults, AReadThatCannotBeQueuedFailsTheRead) {
   const std::string big = RandomBytes(4 << 20, 12);
-  ASSERT_TRUE(Put(*backend_, "big", big).ok());
-  auto reader = backend_->OpenObject("big");
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto reader = PutAndOpen("big", big);
+  ASSERT_TRUE(reader);
   std::string out(big.size(), '\0');
   {
     nfs_hooks::Hooks h;
@@ -881,13 +891,13 @@ TEST_P(NfsBackendFaults, AReadThatCannotBeQueuedFailsTheRead) {
       return off == (2u << 20) ? -ENOMEM : static_cast<int64_t>(count);
     };
     nfs_hooks::Scope scope(h);
-    Status s = (*reader)->ReadAt(0, out.data(), out.size());
+    Status s = reader->ReadAt(0, out.data(), out.size());
     EXPECT_EQ(nfs_hooks::reads_in_flight.load(), 0) << "returned before the READs sent came back";
     EXPECT_EQ(s.code(), Code::kResourceExhausted) << s;
     EXPECT_TRUE(Contains(s.message(), "libnfs could not queue a READ")) << s;
     EXPECT_TRUE(Contains(s.message(), "out of memory (test hook)")) << s;
   }
-  ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
+  ASSERT_TRUE(reader->ReadAt(0, out.data(), out.size()).ok());
   EXPECT_TRUE(out == big);
 }
 
@@ -896,9 +906,8 @@ TEST_P(NfsBackendFaults, AReadThatCannotBeQueuedFailsTheRead) {
 // hung server fails after one timeout_ms, as UNAVAILABLE.
 TEST_P(NfsBackendFaults, AFailedReadEndsItsBatch) {
   const std::string big = RandomBytes(8 << 20, 13);
-  ASSERT_TRUE(Put(*backend_, "big", big).ok());
-  auto reader = backend_->OpenObject("big");
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto reader = PutAndOpen("big", big);
+  ASSERT_TRUE(reader);
   std::atomic<int> sent{0};
   std::atomic<bool> first{true};
   nfs_hooks::Hooks h;
@@ -911,7 +920,7 @@ TEST_P(NfsBackendFaults, AFailedReadEndsItsBatch) {
   };
   nfs_hooks::Scope scope(h);
   std::string out(big.size(), '\0');
-  Status s = (*reader)->ReadAt(0, out.data(), out.size());
+  Status s = reader->ReadAt(0, out.data(), out.size());
   EXPECT_EQ(s.code(), Code::kUnavailable) << s;
   EXPECT_TRUE(Contains(s.message(), "did not answer within")) << s;
   EXPECT_EQ(sent.load(), 2) << "READs were sent after one failed (2 are in flight at once)";
@@ -922,9 +931,8 @@ TEST_P(NfsBackendFaults, AFailedReadEndsItsBatch) {
 // (which would turn a refused READ into a timeout here).
 TEST_P(NfsBackendFaults, ABatchReportsItsFirstFailureWithItsOwnText) {
   const std::string big = RandomBytes(8 << 20, 15);
-  ASSERT_TRUE(Put(*backend_, "big", big).ok());
-  auto reader = backend_->OpenObject("big");
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto reader = PutAndOpen("big", big);
+  ASSERT_TRUE(reader);
   std::atomic<int> answers{0};
   nfs_hooks::Hooks h;
   h.pread_answer = [&](nfs_context* n, uint64_t, int) {
@@ -933,7 +941,7 @@ TEST_P(NfsBackendFaults, ABatchReportsItsFirstFailureWithItsOwnText) {
   };
   nfs_hooks::Scope scope(h);
   std::string out(big.size(), '\0');
-  Status s = (*reader)->ReadAt(0, out.data(), out.size());
+  Status s = reader->ReadAt(0, out.data(), out.size());
   EXPECT_EQ(answers.load(), 2) << "both READs in flight are answered";
   EXPECT_EQ(s.code(), Code::kPermissionDenied) << s;
   EXPECT_TRUE(Contains(s.message(), "injected: the first failure")) << s;
@@ -944,13 +952,12 @@ TEST_P(NfsBackendFaults, ABatchReportsItsFirstFailureWithItsOwnText) {
 // read fails as DATA_LOSS saying where the object ends.
 TEST_P(NfsBackendFaults, AReadOfAnObjectCutShortIsDataLoss) {
   const std::string big = RandomBytes(4 << 20, 14);
-  ASSERT_TRUE(Put(*backend_, "big", big).ok());
-  auto reader = backend_->OpenObject("big");
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto reader = PutAndOpen("big", big);
+  ASSERT_TRUE(reader);
   constexpr uint64_t kCut = (3 << 20) + 100;
   std::filesystem::resize_file(dir_ + "/big", kCut);
   std::string out(big.size(), '\0');
-  Status s = (*reader)->ReadAt(0, out.data(), out.size());
+  Status s = reader->ReadAt(0, out.data(), out.size());
   EXPECT_EQ(s.code(), Code::kDataLoss) << s;
   EXPECT_TRUE(Contains(s.message(), ("ends at byte " + std::to_string(kCut)).c_str())) << s;
   EXPECT_TRUE(out.compare(0, kCut, big, 0, kCut) == 0) << "the bytes before the cut differ";
@@ -966,14 +973,12 @@ TEST_P(NfsV4Faults, AServerThatReadsLessIsReadInItsSizeWithReadsInFlight) {
                          NfsServer::Ports{20790, 20348, 20349}, "CKPTIO_NFS_MAX_READ=65536");
   ASSERT_TRUE(small.ok()) << "cannot start an NFS server with MaxRead = 64 KiB";
   const std::string big = RandomBytes((8 << 20) + 12345, 16);
-  std::ofstream(small.export_dir() + "/big", std::ios::binary) << big;
-  auto uri = Uri::Parse(small.Uri(4, ""));
-  ASSERT_TRUE(uri.ok()) << uri.status();
-  auto options = ParseNfsUri(*uri);
-  ASSERT_TRUE(options.ok()) << options.status();
-  auto backend = NewNfsBackend(*options);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  auto reader = (*backend)->OpenObject("big");
+  const std::string dir = small.export_dir() + "/" + sub_;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/big", std::ios::binary) << big;
+  auto backend = Backend("", small);
+  ASSERT_TRUE(backend);
+  auto reader = backend->OpenObject("big");
   ASSERT_TRUE(reader.ok()) << reader.status();
 
   std::atomic<int> one_at_a_time{0};
