@@ -300,16 +300,21 @@ class Connection {
 
   // libnfs 4.0 knows no NFSv4 READ maximum, so max_read starts at kMaxRead
   // there; a server that reads less answers each READ short, with its own
-  // maximum. After such an answer of `got` bytes (callers hold mu), READs
-  // ask for that much (in 4 KiB units), more of them in flight, so the
-  // rest is pipelined too. (v3 asks the server: a short answer there is
-  // the end of a truncated file.)
-  void LearnReadMax(size_t got) {
+  // maximum. A READ answered `got` bytes short, then one that read more
+  // (so not the end of the file), teaches it (callers hold mu): READs then
+  // ask for that much (in 4 KiB units), more of them in flight. Whether
+  // max_read was lowered. (v3 asks the server: a short answer there is the
+  // end of a truncated file.)
+  bool LearnReadMax(size_t got) {
     const size_t fits = got & ~size_t{4095};
-    if (options.version != 4 || fits == 0 || fits >= max_read) return;
+    if (options.version != 4 || fits == 0 || fits >= max_read) return false;
     max_read = fits;
     reads_in_flight = std::max<size_t>(2, kReadAhead / max_read);
+    return true;
   }
+  // The bytes a large read reads per hold of mu (callers hold it): 16
+  // READs, or more while they are small, to keep reads_in_flight busy.
+  size_t ReadTurn() const { return std::max(16 * max_read, 2 * kReadAhead); }
 
   std::string Path(std::string_view key) const {
     return root + (key.empty() ? "" : "/" + std::string(key));
@@ -972,9 +977,9 @@ class NfsReader : public ObjectReader {
     // A piece at a time under mu, so other calls interleave with a large read.
     char* p = static_cast<char*>(buf);
     while (size > 0) {
-      const size_t n = std::min(size, c_->max_read * 16);
       std::lock_guard<FairMutex> g(c_->mu);
       if (c_->Broken(ctx_)) return c_->BrokenError("read " + path_);
+      const size_t n = std::min(size, c_->ReadTurn());
       CKPTIO_RETURN_IF_ERROR(ReadRangeLocked(offset, p, n));
       p += n;
       offset += n;
@@ -995,9 +1000,9 @@ class NfsReader : public ObjectReader {
  private:
   // Reads [p, p + n) at `offset` (callers hold mu): READs of max_read
   // bytes, reads_in_flight of them at once (each READ's round trip would
-  // otherwise leave the link idle). A short READ's rest is read after, in
-  // READs of the size the server answered if a v4 server read less than
-  // asked (see LearnReadMax).
+  // otherwise leave the link idle). A short READ's rest is read after: by
+  // ReadLocked, unless the connection already reads in READs no larger
+  // than the answer (a v4 server's limit it learnt, see LearnReadMax).
   Status ReadRangeLocked(uint64_t offset, char* p, size_t n) {
     if (n <= c_->max_read) return ReadLocked(offset, p, n);
     return c_->RunBatchLocked(
@@ -1006,17 +1011,22 @@ class NfsReader : public ObjectReader {
         [&](AsyncBatch::Piece& piece) {
           return nfs_pread_async(ctx_, fh_, piece.off, piece.len, AsyncBatch::Read, &piece);
         },
-        [&](const AsyncBatch::Piece& piece, size_t got) {  // (none: ReadLocked says truncated)
-          c_->LearnReadMax(got);
-          return ReadRangeLocked(piece.off + got, piece.buf + got, piece.len - got);
+        [&](const AsyncBatch::Piece& piece, size_t got) {
+          const uint64_t off = piece.off + got;
+          char* rest = piece.buf + got;
+          const size_t left = piece.len - got;
+          return got >= c_->max_read ? ReadRangeLocked(off, rest, left)
+                                     : ReadLocked(off, rest, left, got);
         });
   }
 
-  // One READ after another.
-  Status ReadLocked(uint64_t offset, void* buf, size_t size) {
-    char* p = static_cast<char*>(buf);
+  // One READ after another (`short_answer`: the bytes a READ of this range
+  // just before answered, less than asked). A short answer followed by a
+  // READ that reads more is a v4 server's limit, not the end of the file:
+  // the connection learns it and the rest goes in READs in flight.
+  Status ReadLocked(uint64_t offset, char* p, size_t size, size_t short_answer = 0) {
     while (size > 0) {
-      size_t n = std::min(size, c_->max_read);
+      const size_t n = std::min(size, c_->max_read);
       int rc = nfs_pread(ctx_, fh_, offset, n, p);
       if (rc < 0) return c_->CallError(ctx_, fh_, rc, "read " + path_);
       if (rc == 0)
@@ -1025,6 +1035,9 @@ class NfsReader : public ObjectReader {
       p += rc;
       offset += static_cast<uint64_t>(rc);
       size -= static_cast<size_t>(rc);
+      if (short_answer > 0 && c_->LearnReadMax(short_answer))
+        return ReadRangeLocked(offset, p, size);
+      short_answer = static_cast<size_t>(rc) < n ? static_cast<size_t>(rc) : 0;
     }
     return OkStatus();
   }

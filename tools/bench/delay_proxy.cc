@@ -142,8 +142,12 @@ int main(int argc, char** argv) {
   CLI::App app{"A TCP proxy on 127.0.0.1 that delays every byte in each direction."};
   int listen_port = 0, to_port = 0;
   int64_t delay_us = 250;
-  app.add_option("--listen", listen_port, "port to accept connections on")->required();
-  app.add_option("--to", to_port, "port on 127.0.0.1 to forward them to")->required();
+  app.add_option("--listen", listen_port, "port to accept connections on")
+      ->required()
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--to", to_port, "port on 127.0.0.1 to forward them to")
+      ->required()
+      ->check(CLI::Range(1, 65535));
   app.add_option("--delay-us", delay_us, "delay each way, in microseconds (round trip: 2 x)")
       ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}));
   CLI11_PARSE(app, argc, argv);
@@ -165,9 +169,13 @@ int main(int argc, char** argv) {
   while (true) {
     const int client = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      std::fprintf(stderr, "ckptio-delay-proxy: accept: %s\n", std::strerror(errno));
-      return 1;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // until connections end
+      else if (errno != EINTR && errno != ECONNABORTED) {
+        std::fprintf(stderr, "ckptio-delay-proxy: accept: %s\n", std::strerror(errno));
+        return 1;
+      }
+      continue;
     }
     std::thread(Serve, client, to_port, std::chrono::microseconds(delay_us)).detach();
   }

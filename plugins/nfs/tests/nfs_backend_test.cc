@@ -949,64 +949,103 @@ TEST_P(NfsBackendFaults, ABatchReportsItsFirstFailureWithItsOwnText) {
 
 // An object cut short after it was opened (damage behind the reader's
 // back): the READs past its new end answer short or with nothing, and the
-// read fails as DATA_LOSS saying where the object ends.
+// read fails as DATA_LOSS saying where the object ends. The short answer
+// at the cut (64 KiB and more) is the end of the file, not a server's READ
+// limit: later reads still ask for 1 MiB.
 TEST_P(NfsBackendFaults, AReadOfAnObjectCutShortIsDataLoss) {
   const std::string big = RandomBytes(4 << 20, 14);
   auto reader = PutAndOpen("big", big);
   ASSERT_TRUE(reader);
-  constexpr uint64_t kCut = (3 << 20) + 100;
+  constexpr uint64_t kCut = (3 << 20) + 65636;
   std::filesystem::resize_file(dir_ + "/big", kCut);
   std::string out(big.size(), '\0');
   Status s = reader->ReadAt(0, out.data(), out.size());
   EXPECT_EQ(s.code(), Code::kDataLoss) << s;
   EXPECT_TRUE(Contains(s.message(), ("ends at byte " + std::to_string(kCut)).c_str())) << s;
   EXPECT_TRUE(out.compare(0, kCut, big, 0, kCut) == 0) << "the bytes before the cut differ";
-}
 
-// A v4 server that reads less than 1 MiB per READ (here a real one capped
-// at 64 KiB, as small servers are) answers each READ short; libnfs 4.0
-// knows no v4 maximum to ask for. The reader then asks for what the server
-// answered, with more READs in flight, for the rest of each piece and for
-// later reads, instead of reading each rest one READ at a time.
-TEST_P(NfsV4Faults, AServerThatReadsLessIsReadInItsSizeWithReadsInFlight) {
-  static NfsServer small("/tmp/ckptio-nfs-small-read-" + std::to_string(::getpid()),
-                         NfsServer::Ports{20790, 20348, 20349}, "CKPTIO_NFS_MAX_READ=65536");
-  ASSERT_TRUE(small.ok()) << "cannot start an NFS server with MaxRead = 64 KiB";
-  const std::string big = RandomBytes((8 << 20) + 12345, 16);
-  const std::string dir = small.export_dir() + "/" + sub_;
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/big", std::ios::binary) << big;
-  auto backend = Backend("", small);
-  ASSERT_TRUE(backend);
-  auto reader = backend->OpenObject("big");
-  ASSERT_TRUE(reader.ok()) << reader.status();
-
-  std::atomic<int> one_at_a_time{0};
+  auto whole = PutAndOpen("whole", big);
+  ASSERT_TRUE(whole);
   std::atomic<uint64_t> largest_asked{0};
   nfs_hooks::Hooks h;
-  h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
-    ++one_at_a_time;
-    return nfs_hooks::RealPread(n, fh, off, count, buf);
-  };
   h.pread_async = [&](nfs_context*, nfsfh*, uint64_t, uint64_t count) -> int64_t {
     for (uint64_t m = largest_asked; count > m && !largest_asked.compare_exchange_weak(m, count);) {
     }
     return static_cast<int64_t>(count);
   };
   nfs_hooks::Scope scope(h);
-  nfs_hooks::max_reads_in_flight = 0;
+  ASSERT_TRUE(whole->ReadAt(0, out.data(), out.size()).ok());
+  EXPECT_TRUE(out == big);
+  EXPECT_EQ(largest_asked.load(), uint64_t{1} << 20) << "the cut was taken for a READ limit";
+}
+
+// A v4 server that reads less than 1 MiB per READ (here a real one capped
+// at 64 KiB, as small servers are) answers each READ short; libnfs 4.0
+// knows no v4 maximum to ask for. Once a short answer is followed by more
+// bytes (not the end of the file), the connection asks for what the server
+// answers, with 2 MiB of READs in flight: for the rest of the read (after
+// one READ one at a time), for later reads, and for small objects too.
+TEST_P(NfsV4Faults, AServerThatReadsLessIsReadInItsSizeWithReadsInFlight) {
+  static NfsServer small("/tmp/ckptio-nfs-small-read-" + std::to_string(::getpid()),
+                         NfsServer::Ports{20790, 20348, 20349}, "CKPTIO_NFS_MAX_READ=65536");
+  ASSERT_TRUE(small.ok()) << "cannot start an NFS server with MaxRead = 64 KiB";
+  const std::string big = RandomBytes((8 << 20) + 12345, 16);
+  const std::string little = RandomBytes(1 << 20, 17);  // read whole as it opens
+  const std::string dir = small.export_dir() + "/" + sub_;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/big", std::ios::binary) << big;
+  std::ofstream(dir + "/little", std::ios::binary) << little;
+
+  // (libnfs's own nfs_pread goes through nfs_pread_async: both count it.)
+  std::atomic<int> one_at_a_time{0}, capped_answers{0}, asked_more{0};
+  nfs_hooks::Hooks h;
+  h.pread = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf) {
+    ++one_at_a_time;
+    return nfs_hooks::RealPread(n, fh, off, count, buf);
+  };
+  h.pread_answer = [&](nfs_context*, uint64_t, int rc) {
+    if (rc == 65536) ++capped_answers;  // (a fresh connection asks for 1 MiB)
+    return rc;
+  };
+  h.pread_async = [&](nfs_context*, nfsfh*, uint64_t, uint64_t count) -> int64_t {
+    if (count > 65536) ++asked_more;
+    return static_cast<int64_t>(count);
+  };
+  nfs_hooks::Scope scope(h);
+  auto reset = [&] {
+    one_at_a_time = 0;
+    asked_more = 0;
+    nfs_hooks::max_reads_in_flight = 0;
+  };
+
+  auto backend = Backend("", small);
+  ASSERT_TRUE(backend);
+  auto reader = backend->OpenObject("big");
+  ASSERT_TRUE(reader.ok()) << reader.status();
   std::string out(big.size(), '\0');
+  reset();
   ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
   EXPECT_TRUE(out == big) << "the bytes read differ";
-  EXPECT_LE(one_at_a_time.load(), 1) << "the rests of short READs went one READ at a time";
-  EXPECT_GE(nfs_hooks::max_reads_in_flight.load(), 8) << "64 KiB READs, 2 MiB of them at once";
+  ASSERT_GT(capped_answers.load(), 0) << "the server does not cap READs at 64 KiB";
+  EXPECT_EQ(one_at_a_time.load(), 1)
+      << "not one READ (telling the limit from the end of the file), then READs in flight";
 
-  largest_asked = 0;
+  reset();
   out.assign(big.size(), '\0');
   ASSERT_TRUE((*reader)->ReadAt(0, out.data(), out.size()).ok());
   EXPECT_TRUE(out == big) << "the bytes read again differ";
-  EXPECT_EQ(largest_asked.load(), 65536u)
-      << "a later read still asks for more than the server reads";
+  EXPECT_EQ(asked_more.load(), 0) << "a later read asks for more than the server reads";
+  EXPECT_EQ(nfs_hooks::max_reads_in_flight.load(), 32) << "not 2 MiB of 64 KiB READs at once";
+  EXPECT_EQ(one_at_a_time.load(), 1) << "one READ for the last 12345 bytes only";
+
+  auto fresh = Backend("", small);  // has learnt nothing yet
+  ASSERT_TRUE(fresh);
+  reset();
+  auto got = Get(*fresh, "little");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == little) << "the small object's bytes differ";
+  EXPECT_EQ(one_at_a_time.load(), 2) << "a small object is read one READ at a time";
+  EXPECT_EQ(asked_more.load(), 2) << "READs after those two ask for more than the server reads";
 }
 
 // Hooks under which the first READ of a thread other than this one (the

@@ -67,8 +67,8 @@
 // Thread safety: one connection per backend, shared by every call, writer
 // and reader, taken one RPC (or a few) at a time in arrival order: a large
 // Append goes a WRITE at a time (v4: a batch of 64) and a large ReadAt 16
-// READs (2 in flight, of up to 1 MiB) per turn, so other calls
-// never wait for a whole object. v3 lease renewals, and each v4 lock, have
+// READs of up to 1 MiB, 2 in flight, per turn (4 MiB of smaller ones where
+// a v4 server reads less), so other calls never wait for a whole object. v3 lease renewals, and each v4 lock, have
 // a connection of their own.
 #ifndef CKPTIO_NFS_BACKEND_H_
 #define CKPTIO_NFS_BACKEND_H_
