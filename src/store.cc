@@ -518,7 +518,8 @@ struct PendingCheckpoint::State {
   Status failure;         // the first failure of any object; fails the commit
   bool finished = false;  // committed, or failed to commit
   bool committed = false;
-  bool striped = false;  // abandoning clears the whole step directory
+  bool striped = false;         // abandoning clears the whole step directory
+  bool manifest_tried = false;  // Commit wrote the manifest (it may be there)
 
   void Fail(const Status& why) {
     if (failure.ok()) failure = why;
@@ -681,25 +682,31 @@ Status ObjectStream::Close() {
 PendingCheckpoint::PendingCheckpoint(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 PendingCheckpoint::~PendingCheckpoint() {
-  // Only while we are still the store's writer: a fenced writer's names may
-  // by now belong to its successor's committed step.
-  if (!state_->committed && state_->core->CheckFence().ok()) {
-    // Abandon: remove what this attempt wrote. Nothing here was ever
-    // visible (no manifest), so a failure only leaves a torn step.
-    StorageBackend& backend = *state_->core->backend;
-    for (const auto& name : state_->names) (void)backend.Delete(state_->dir + name);
-    // A striped step may also hold parts of ranks whose receipts never
-    // arrived. Unless a manifest is there (a commit whose outcome is
-    // unknown), none of it can be visible: clear it all.
-    if (state_->striped) {
-      auto keys = backend.List(state_->dir);
-      if (keys.ok() && std::none_of(keys->begin(), keys->end(), [](const std::string& k) {
-            return BaseName(k) == kManifestName;
-          }))
-        for (const auto& key : *keys) (void)backend.Delete(key);
+  State& st = *state_;
+  // Abandon: remove what this attempt wrote, only while we are still the
+  // store's writer (a fenced writer's names may by now belong to its
+  // successor's committed step), and only while no manifest can be there:
+  // a commit whose outcome is unknown (the manifest's commit failed, yet it
+  // may have taken effect) is left whole, or torn for fsck.
+  if (!st.committed && st.core->CheckFence().ok()) {
+    StorageBackend& backend = *st.core->backend;
+    bool no_manifest = !st.manifest_tried && !st.striped;
+    if (!no_manifest) {
+      auto manifest = backend.Stat(st.dir + std::string(kManifestName));
+      no_manifest = !manifest.ok() && manifest.status().code() == Code::kNotFound;
+    }
+    if (no_manifest) {
+      for (const auto& name : st.names) (void)backend.Delete(st.dir + name);
+      // A striped step may also hold parts of ranks whose receipts never
+      // arrived: none of it can be visible, so clear it all.
+      if (st.striped) {
+        auto keys = backend.List(st.dir);
+        if (keys.ok())
+          for (const auto& key : *keys) (void)backend.Delete(key);
+      }
     }
   }
-  state_->core->pending = false;
+  st.core->pending = false;
 }
 
 int64_t PendingCheckpoint::step() const { return state_->step; }
@@ -826,7 +833,11 @@ StripeWriter::StripeWriter(std::unique_ptr<PendingCheckpoint::State> state, int 
 
 StripeWriter::~StripeWriter() {
   if (state_->committed) return;
-  for (const auto& name : state_->names) (void)state_->core->backend->Delete(state_->dir + name);
+  // Only the objects this writer made (closed): a name it failed to make
+  // may be another writer's, in a step committed meanwhile (this writer
+  // may be a stalled rank of an earlier launch).
+  for (const auto& o : state_->manifest.objects)
+    (void)state_->core->backend->Delete(state_->dir + o.name);
 }
 
 int64_t StripeWriter::step() const { return state_->step; }
@@ -898,6 +909,7 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
                                                     serialized.status().message());
   const std::string& bytes = *serialized;
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
+  st.manifest_tried = true;
   CKPTIO_RETURN_IF_ERROR(
       WriteSmall(backend, st.dir + std::string(kManifestName), bytes, WriteMode::kCreateExclusive)
           .WithContext(what));

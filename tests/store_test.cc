@@ -340,6 +340,48 @@ class NoMapBackend : public testing::ForwardingBackend {
   }
 };
 
+// Forwards to a backend, but a manifest's commit reports a failure after
+// it took effect (its reply lost on the network, say).
+class LostManifestReply : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    struct Writer : ObjectWriter {
+      std::unique_ptr<ObjectWriter> inner;
+      Status Append(const void* data, size_t size) override { return inner->Append(data, size); }
+      Status Commit() override {
+        CKPTIO_RETURN_IF_ERROR(inner->Commit());
+        return Status(Code::kUnavailable, "the reply was lost (test)");
+      }
+    };
+    CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::NewObject(key, mode));
+    const std::string_view manifest = "/MANIFEST.json";
+    if (key.size() < manifest.size() || key.substr(key.size() - manifest.size()) != manifest)
+      return inner;
+    auto w = std::make_unique<Writer>();
+    w->inner = std::move(inner);
+    return std::unique_ptr<ObjectWriter>(std::move(w));
+  }
+};
+
+// A save whose manifest's commit failed may be committed all the same:
+// abandoning it deletes nothing once a manifest is there, so the step
+// stays whole (a torn one would be left to fsck).
+TEST_F(StoreTest, AnAbandonedCommitWhoseManifestMadeItDeletesNothing) {
+  auto posix = NewPosixBackend(dir_.Sub("store"));
+  ASSERT_TRUE(posix.ok()) << posix.status();
+  Store store(
+      std::make_shared<LostManifestReply>(std::shared_ptr<StorageBackend>(std::move(*posix))));
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store.OpenWriter({}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(1));
+    CKPTIO_ASSERT_OK(p->PutObject("a", "abc", 3));
+    EXPECT_EQ(p->Commit().status().code(), Code::kUnavailable);
+  }  // abandoned
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
+  CKPTIO_EXPECT_OK(r->Verify());
+}
+
 // View on the POSIX backend (a private memory map) and on one that cannot
 // map (a buffer read through ReadAt): the same guarantees.
 class ViewTest : public StoreTest, public ::testing::WithParamInterface<bool> {
@@ -516,6 +558,40 @@ TEST_F(StoreTest, AbandonedStripesAndStepsLeaveNothing) {
   ASSERT_TRUE(Save(*w, 6, {{"a", "a"}}).ok());
   EXPECT_EQ(store_->BeginStripe(6, 1).status().code(), Code::kAlreadyExists);
   EXPECT_EQ(store_->BeginStripe(7, 0).status().code(), Code::kInvalidArgument);
+}
+
+// A stripe writer that fails removes only what it made: a writer of an
+// earlier launch, stalled while writing x.bin of step 5, wakes after this
+// launch committed step 5 with its own x.bin. Its close fails and it goes,
+// leaving the committed step whole.
+TEST_F(StoreTest, AFailedStripeWriterRemovesOnlyWhatItMade) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale, store_->BeginStripe(5, 1));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale_os, stale->AddObject("x.bin"));
+  CKPTIO_ASSERT_OK(stale_os->Write("old", 3));
+
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(5));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stripe, store_->BeginStripe(5, 1));
+  for (const char* name : {"x.bin", "y.bin"}) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto os, stripe->AddObject(name));
+    CKPTIO_ASSERT_OK(os->Write("new", 3));
+    CKPTIO_ASSERT_OK(os->Close());
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt r, stripe->Finish());
+  stripe.reset();
+  CKPTIO_ASSERT_OK(pending->AddStripe(r));
+  CKPTIO_ASSERT_OK(pending->PutObject("z.bin", "0", 1));
+  CKPTIO_ASSERT_OK(pending->Commit().status());
+  pending.reset();
+
+  Status closed = stale_os->Close();  // (its temp was swept by Begin(5))
+  EXPECT_FALSE(closed.ok());
+  stale_os.reset();
+  stale.reset();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, store_->OpenStep(5));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string x, reader->ReadAll("x.bin"));
+  EXPECT_EQ(x, "new");
+  CKPTIO_EXPECT_OK(reader->Verify());
 }
 
 TEST_F(StoreTest, RetentionNeverDeletesTheStepJustSaved) {

@@ -147,8 +147,8 @@ struct CommitInfo {
 // A checkpoint being written. Not thread-safe.
 class PendingCheckpoint {
  public:
-  // Abandons an uncommitted checkpoint, deleting what it wrote (best
-  // effort; leftovers are torn and removed later). Never throws.
+  // Abandons an uncommitted checkpoint, deleting what it wrote unless its
+  // manifest may be there (its commit failed). Best effort. Never throws.
   ~PendingCheckpoint();
   PendingCheckpoint(const PendingCheckpoint&) = delete;
   PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;
@@ -213,7 +213,7 @@ Result<StripeReceipt> ParseStripeReceipt(std::string_view bytes, std::string_vie
 // any stripe of it starts.
 class StripeWriter {
  public:
-  // Deletes what it wrote unless Finish() succeeded. Never throws.
+  // Deletes the objects it closed unless Finish() succeeded. Never throws.
   ~StripeWriter();
   StripeWriter(const StripeWriter&) = delete;
   StripeWriter& operator=(const StripeWriter&) = delete;
