@@ -874,6 +874,36 @@ Result<StripeReceipt> StripeWriter::Finish() {
   return r;
 }
 
+namespace {
+// Each object of `m` that holds tensors, read back from `dir` (stripes
+// were written by other ranks): its safetensors header must agree with the
+// manifest's entries, as every load checks. InvalidArgument otherwise
+// (a reader would reject the step, yet retention would count it as good).
+Status CheckTensorObjects(StorageBackend& backend, const std::string& dir, const Manifest& m) {
+  std::set<std::string_view> objects;
+  for (const TensorEntry& t : m.tensors) objects.insert(t.object);
+  for (std::string_view name : objects) {
+    const std::string object(name);
+    Status s = [&]() -> Status {
+      CKPTIO_ASSIGN_OR_RETURN(auto reader, backend.OpenObject(dir + object));
+      std::string first8(8, '\0');
+      if (reader->Size() >= 8) CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, first8.data(), 8));
+      CKPTIO_ASSIGN_OR_RETURN(uint64_t n,
+                              SafetensorsHeaderSize(first8, reader->Size(), dir + object));
+      std::string header(n, '\0');
+      CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, header.data(), n));
+      return CheckSafetensorsObject(m, object, header);
+    }();
+    if (s.code() == Code::kDataLoss)
+      return Status(Code::kInvalidArgument,
+                    "the checkpoint is inconsistent: its tensor entries disagree with object " +
+                        object + ": " + s.message());
+    CKPTIO_RETURN_IF_ERROR(s);
+  }
+  return OkStatus();
+}
+}  // namespace
+
 Result<CommitInfo> PendingCheckpoint::Commit() {
   State& st = *state_;
   WriterCore& core = *st.core;
@@ -907,6 +937,7 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
                ? serialized.status().WithContext(what)
                : Status(Code::kInvalidArgument, what + ": the checkpoint is inconsistent: " +
                                                     serialized.status().message());
+  CKPTIO_RETURN_IF_ERROR(CheckTensorObjects(backend, st.dir, m).WithContext(what));
   const std::string& bytes = *serialized;
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   st.manifest_tried = true;

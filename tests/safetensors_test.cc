@@ -117,22 +117,20 @@ TEST(Safetensors, RefusesEveryMalformedHeaderPrecisely) {
   std::cout << "safetensors: " << cases.size() << " malformed headers, each a precise error\n";
 }
 
-// A checkpoint with one safetensors object and the manifest entries given.
-std::unique_ptr<CheckpointReader> Checkpoint(Store& store, int64_t step, const std::string& file,
-                                             std::vector<TensorEntry> entries) {
-  auto w = store.OpenWriter({});
-  EXPECT_TRUE(w.ok()) << w.status();
-  auto p = (*w)->Begin(step);
-  EXPECT_TRUE(p.ok()) << p.status();
-  EXPECT_TRUE((*p)->PutObject("m.safetensors", file.data(), file.size()).ok());
-  for (auto& e : entries) (*p)->AddTensor(std::move(e));
-  EXPECT_TRUE((*p)->Commit().ok());
-  auto r = store.OpenStep(step);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return std::move(*r);
+// Commits one safetensors object as `step`, with the manifest entries given.
+Status CommitWith(Store& store, int64_t step, const std::string& file,
+                  std::vector<TensorEntry> entries) {
+  CKPTIO_ASSIGN_OR_RETURN(auto w, store.OpenWriter({}));
+  CKPTIO_ASSIGN_OR_RETURN(auto p, w->Begin(step));
+  CKPTIO_RETURN_IF_ERROR(p->PutObject("m.safetensors", file.data(), file.size()));
+  for (auto& e : entries) p->AddTensor(std::move(e));
+  return p->Commit().status();
 }
 
-TEST(Safetensors, VerifyChecksTheManifestAgainstTheHeader) {
+// Entries that disagree with the object's own header: Commit refuses them
+// (every load would reject the step, yet retention would count it as
+// good), and a manifest changed behind ckptio's back fails Verify.
+TEST(Safetensors, CommitAndVerifyCheckTheManifestAgainstTheHeader) {
   testing::TempDir dir;
   auto store = OpenStore(dir.Sub("s"));
   ASSERT_TRUE(store.ok());
@@ -150,37 +148,50 @@ TEST(Safetensors, VerifyChecksTheManifestAgainstTheHeader) {
     e.length = 24;
     return e;
   };
-  EXPECT_TRUE(Checkpoint(**store, 1, file, {entry("t", {2, 3})})->Verify().ok());
-
-  Status s = Checkpoint(**store, 2, file, {entry("t", {3, 2})})->Verify();
-  EXPECT_EQ(s.code(), Code::kDataLoss) << s;
-  EXPECT_NE(s.message().find("[3,2] at bytes"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("in the safetensors header"), std::string::npos) << s;
-
-  s = Checkpoint(**store, 3, file, {entry("u", {2, 3})})->Verify();
-  EXPECT_NE(s.message().find("lists tensor \"u\" but the safetensors header does not"),
-            std::string::npos)
-      << s;
+  CKPTIO_ASSERT_OK(CommitWith(**store, 1, file, {entry("t", {2, 3})}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto one, (*store)->OpenStep(1));
+  CKPTIO_EXPECT_OK(one->Verify());
 
   const std::string two =
       File(json{{"t", {{"dtype", "F32"}, {"shape", {2, 3}}, {"data_offsets", {0, 24}}}},
                 {"v", {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {24, 25}}}}}
                .dump(),
            std::string(25, 'x'));
-  auto e = entry("t", {2, 3});
-  e.offset = two.size() - 25;
-  s = Checkpoint(**store, 4, two, {e})->Verify();
-  EXPECT_NE(s.message().find("the safetensors header has 2 tensors, the manifest lists 1"),
-            std::string::npos)
-      << s;
+  auto of_two = entry("t", {2, 3});
+  of_two.offset = two.size() - 25;
+  auto in_junk = entry("t", {1});  // not a safetensors file at all
+  in_junk.offset = 0;
+  in_junk.length = 4;
+  struct Mismatch {
+    std::string file;
+    TensorEntry entry;
+    std::string message;
+  };
+  const std::vector<Mismatch> cases = {
+      {file, entry("t", {3, 2}), "[3,2] at bytes"},
+      {file, entry("u", {2, 3}), "lists tensor \"u\" but the safetensors header does not"},
+      {two, of_two, "the safetensors header has 2 tensors, the manifest lists 1"},
+      {"not safetensors", in_junk, "object m.safetensors"},
+  };
+  int64_t step = 2;
+  for (const Mismatch& c : cases) {
+    Status s = CommitWith(**store, step, c.file, {c.entry});
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << c.message << ": " << s;
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << s;
+    EXPECT_NE(s.message().find("the checkpoint is inconsistent"), std::string::npos) << s;
+    EXPECT_EQ((*store)->OpenStep(step).status().code(), Code::kNotFound) << "step " << step;
+    ++step;
+  }
 
-  // Not a safetensors file at all, yet the manifest lists a tensor in it.
-  auto bad = entry("t", {1});
-  bad.offset = 0;
-  bad.length = 4;
-  s = Checkpoint(**store, 5, "not safetensors", {bad})->Verify();
+  // The first case's entry, written into step 1's manifest by hand.
+  Manifest m = one->manifest();
+  m.tensors[0].shape = {3, 2};
+  testing::WriteFile(dir.Sub("s") + "/step-000000000001/MANIFEST.json", SerializeManifest(m));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto changed, (*store)->OpenStep(1));
+  Status s = changed->Verify();
   EXPECT_EQ(s.code(), Code::kDataLoss) << s;
-  EXPECT_NE(s.message().find("step 5, object m.safetensors"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("[3,2] at bytes"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("in the safetensors header"), std::string::npos) << s;
 }
 
 }  // namespace

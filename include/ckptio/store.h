@@ -161,8 +161,8 @@ class PendingCheckpoint {
   // AddObject + Write + Close.
   Status PutObject(std::string_view name, const void* data, size_t size);
   Status SetMetadata(std::string key, std::string value);
-  // Records a tensor stored in one of this checkpoint's objects (checked
-  // against the objects at Commit).
+  // Records a tensor stored in one of this checkpoint's objects (checked at
+  // Commit against the object and its safetensors header: InvalidArgument).
   void AddTensor(TensorEntry tensor);
 
   // Adds the objects and tensors another rank wrote into this step (its
