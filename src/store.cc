@@ -832,12 +832,18 @@ StripeWriter::StripeWriter(std::unique_ptr<PendingCheckpoint::State> state, int 
     : state_(std::move(state)), rank_(rank) {}
 
 StripeWriter::~StripeWriter() {
-  if (state_->committed) return;
-  // Only the objects this writer made (closed): a name it failed to make
-  // may be another writer's, in a step committed meanwhile (this writer
-  // may be a stalled rank of an earlier launch).
-  for (const auto& o : state_->manifest.objects)
-    (void)state_->core->backend->Delete(state_->dir + o.name);
+  PendingCheckpoint::State& st = *state_;
+  if (st.committed || st.manifest.objects.empty()) return;
+  // Deletes only the objects it made (closed), and only while the step is
+  // still the save of the writer it began under and has no manifest: this
+  // writer may be a stalled rank of an earlier launch, and its names by now
+  // another writer's. Anything left is a torn step, which that writer
+  // clears when it abandons the step (a failed stripe fails its save).
+  StorageBackend& backend = *st.core->backend;
+  if (st.core->generation < 0 || !st.core->CheckFence().ok()) return;
+  auto manifest = backend.Stat(ManifestKey(st.step));
+  if (manifest.ok() || manifest.status().code() != Code::kNotFound) return;
+  for (const auto& o : st.manifest.objects) (void)backend.Delete(st.dir + o.name);
 }
 
 int64_t StripeWriter::step() const { return state_->step; }
@@ -883,22 +889,28 @@ Status CheckTensorObjects(StorageBackend& backend, const std::string& dir, const
   std::set<std::string_view> objects;
   for (const TensorEntry& t : m.tensors) objects.insert(t.object);
   for (std::string_view name : objects) {
-    const std::string object(name);
-    Status s = [&]() -> Status {
-      CKPTIO_ASSIGN_OR_RETURN(auto reader, backend.OpenObject(dir + object));
-      std::string first8(8, '\0');
-      if (reader->Size() >= 8) CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, first8.data(), 8));
-      CKPTIO_ASSIGN_OR_RETURN(uint64_t n,
-                              SafetensorsHeaderSize(first8, reader->Size(), dir + object));
-      std::string header(n, '\0');
-      CKPTIO_RETURN_IF_ERROR(reader->ReadAt(0, header.data(), n));
-      return CheckSafetensorsObject(m, object, header);
-    }();
-    if (s.code() == Code::kDataLoss)
+    const std::string object(name), key = dir + object;
+    auto reader = backend.OpenObject(key);
+    if (!reader.ok() && reader.status().code() == Code::kNotFound)
+      return Status(Code::kDataLoss, "object " + key + " is not in " + backend.Uri() +
+                                         " (its writer died, or the step was cleared after it "
+                                         "was written)");
+    CKPTIO_RETURN_IF_ERROR(reader.status());
+    const uint64_t size = (*reader)->Size();
+    std::string header(std::min<uint64_t>(size, 8), '\0');
+    CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
+    Status s = OkStatus();
+    if (auto n = SafetensorsHeaderSize(header, size, key); !n.ok()) {
+      s = n.status();
+    } else {
+      header.resize(*n);
+      CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
+      s = CheckSafetensorsObject(m, object, header);
+    }
+    if (!s.ok())
       return Status(Code::kInvalidArgument,
                     "the checkpoint is inconsistent: its tensor entries disagree with object " +
                         object + ": " + s.message());
-    CKPTIO_RETURN_IF_ERROR(s);
   }
   return OkStatus();
 }
@@ -1104,6 +1116,8 @@ Result<std::unique_ptr<StripeWriter>> Store::BeginStripe(int64_t step, int rank,
   auto core = std::make_shared<WriterCore>();
   core->backend = backend_;
   core->options.chunk_size = chunk_size;
+  auto writer = LoadWriterRecord(*backend_);  // whose save this is (see ~StripeWriter)
+  core->generation = writer.ok() ? writer->generation : -1;
   auto st = std::make_unique<PendingCheckpoint::State>();
   st->core = std::move(core);
   st->step = step;

@@ -340,18 +340,20 @@ class NoMapBackend : public testing::ForwardingBackend {
   }
 };
 
-// Forwards to a backend, but a manifest's commit reports a failure after
-// it took effect (its reply lost on the network, say).
-class LostManifestReply : public testing::ForwardingBackend {
+// Forwards to a backend, but a manifest's commit fails: after it took
+// effect (its reply lost on the network, say), or before.
+class FailingManifestCommit : public testing::ForwardingBackend {
  public:
-  using ForwardingBackend::ForwardingBackend;
+  FailingManifestCommit(std::shared_ptr<StorageBackend> inner, bool takes_effect)
+      : ForwardingBackend(std::move(inner)), takes_effect_(takes_effect) {}
   Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
     struct Writer : ObjectWriter {
       std::unique_ptr<ObjectWriter> inner;
+      bool takes_effect;
       Status Append(const void* data, size_t size) override { return inner->Append(data, size); }
       Status Commit() override {
-        CKPTIO_RETURN_IF_ERROR(inner->Commit());
-        return Status(Code::kUnavailable, "the reply was lost (test)");
+        if (takes_effect) CKPTIO_RETURN_IF_ERROR(inner->Commit());
+        return Status(Code::kUnavailable, "the commit failed (test)");
       }
     };
     CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::NewObject(key, mode));
@@ -360,26 +362,40 @@ class LostManifestReply : public testing::ForwardingBackend {
       return inner;
     auto w = std::make_unique<Writer>();
     w->inner = std::move(inner);
+    w->takes_effect = takes_effect_;
     return std::unique_ptr<ObjectWriter>(std::move(w));
   }
+
+ private:
+  bool takes_effect_;
 };
 
 // A save whose manifest's commit failed may be committed all the same:
 // abandoning it deletes nothing once a manifest is there, so the step
-// stays whole (a torn one would be left to fsck).
+// stays whole (a torn one would be left to fsck). Where the manifest did
+// not make it, abandoning removes what the save wrote.
 TEST_F(StoreTest, AnAbandonedCommitWhoseManifestMadeItDeletesNothing) {
-  auto posix = NewPosixBackend(dir_.Sub("store"));
-  ASSERT_TRUE(posix.ok()) << posix.status();
-  Store store(
-      std::make_shared<LostManifestReply>(std::shared_ptr<StorageBackend>(std::move(*posix))));
-  {
-    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store.OpenWriter({}));
-    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(1));
-    CKPTIO_ASSERT_OK(p->PutObject("a", "abc", 3));
-    EXPECT_EQ(p->Commit().status().code(), Code::kUnavailable);
-  }  // abandoned
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
-  CKPTIO_EXPECT_OK(r->Verify());
+  for (bool takes_effect : {true, false}) {
+    SCOPED_TRACE(takes_effect ? "the manifest made it" : "the manifest did not make it");
+    const int64_t step = takes_effect ? 1 : 2;
+    auto posix = NewPosixBackend(dir_.Sub("store"));
+    ASSERT_TRUE(posix.ok()) << posix.status();
+    Store store(std::make_shared<FailingManifestCommit>(
+        std::shared_ptr<StorageBackend>(std::move(*posix)), takes_effect));
+    {
+      CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store.OpenWriter({}));
+      CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(step));
+      CKPTIO_ASSERT_OK(p->PutObject("a", "abc", 3));
+      EXPECT_EQ(p->Commit().status().code(), Code::kUnavailable);
+    }  // abandoned
+    if (takes_effect) {
+      CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(step));
+      CKPTIO_EXPECT_OK(r->Verify());
+    } else {
+      CKPTIO_ASSERT_OK_AND_ASSIGN(auto keys, store_->backend().List("step-000000000002/"));
+      EXPECT_TRUE(keys.empty()) << keys.front();
+    }
+  }
 }
 
 // View on the POSIX backend (a private memory map) and on one that cannot
@@ -592,6 +608,37 @@ TEST_F(StoreTest, AFailedStripeWriterRemovesOnlyWhatItMade) {
   CKPTIO_ASSERT_OK_AND_ASSIGN(std::string x, reader->ReadAll("x.bin"));
   EXPECT_EQ(x, "new");
   CKPTIO_EXPECT_OK(reader->Verify());
+}
+
+// The same stalled writer, but it had closed x.bin before it stalled: the
+// next launch's writer cleared the torn step and committed its own x.bin.
+// The stalled writer, failing later, leaves it (the step is another
+// writer's save by then).
+TEST_F(StoreTest, AStalledStripeWriterLeavesALaterWritersObject) {
+  std::unique_ptr<StripeWriter> stale;
+  {
+    auto earlier = Writer();  // the earlier launch's rank 0, gone after Begin
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto begun, earlier->Begin(5));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(stale, store_->BeginStripe(5, 1));
+    CKPTIO_ASSERT_OK(stale->AddObject("x.bin").value()->Close());
+  }
+  auto w = Writer();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(5));  // clears the torn step
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stripe, store_->BeginStripe(5, 1));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto os, stripe->AddObject("x.bin"));
+  CKPTIO_ASSERT_OK(os->Write("new", 3));
+  CKPTIO_ASSERT_OK(os->Close());
+  os.reset();
+  CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt r, stripe->Finish());
+  stripe.reset();
+  CKPTIO_ASSERT_OK(pending->AddStripe(r));
+  CKPTIO_ASSERT_OK(pending->Commit().status());
+  pending.reset();
+
+  stale.reset();  // fails without Finish()
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, store_->OpenStep(5));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string x, reader->ReadAll("x.bin"));
+  EXPECT_EQ(x, "new");
 }
 
 TEST_F(StoreTest, RetentionNeverDeletesTheStepJustSaved) {
