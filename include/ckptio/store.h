@@ -213,7 +213,7 @@ Result<StripeReceipt> ParseStripeReceipt(std::string_view bytes, std::string_vie
 // any stripe of it starts.
 class StripeWriter {
  public:
-  // Deletes the objects it closed unless Finish() succeeded. Never throws.
+  // Unless Finish() succeeded, deletes the objects it closed (while the step is its writer's).
   ~StripeWriter();
   StripeWriter(const StripeWriter&) = delete;
   StripeWriter& operator=(const StripeWriter&) = delete;
