@@ -1,8 +1,9 @@
 // The strict safetensors header reader: what it accepts, every way it
-// refuses, and the manifest/header cross-check that Verify and loads run.
+// refuses, and the manifest/header cross-check that commits, Verify and loads run.
 #include "ckptio/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -192,6 +193,50 @@ TEST(Safetensors, CommitAndVerifyCheckTheManifestAgainstTheHeader) {
   EXPECT_EQ(s.code(), Code::kDataLoss) << s;
   EXPECT_NE(s.message().find("[3,2] at bytes"), std::string::npos) << s;
   EXPECT_NE(s.message().find("in the safetensors header"), std::string::npos) << s;
+}
+
+// A rank's striped tensor object that is gone by the commit (cleared after
+// the writer took its receipt) fails the commit as DATA_LOSS naming it:
+// the writer reads every tensor object's header back before the manifest.
+TEST(Safetensors, ATensorObjectGoneBeforeTheManifestFailsTheCommit) {
+  testing::TempDir dir;
+  auto store = OpenStore(dir.Sub("s"));
+  ASSERT_TRUE(store.ok());
+  const std::string file =
+      File(json{{"t", {{"dtype", "U8"}, {"shape", {3}}, {"data_offsets", {0, 3}}}}}.dump(), "abc");
+  TensorEntry t;
+  t.name = "t";
+  t.object = "m.part-1.safetensors";
+  t.dtype = "U8";
+  t.shape = {3};
+  t.device = "cpu";
+  t.offset = file.size() - 3;
+  t.length = 3;
+  for (bool gone : {false, true}) {
+    const int64_t step = gone ? 2 : 1;
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, (*store)->OpenWriter({}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(step));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto stripe, (*store)->BeginStripe(step, 1));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto os, stripe->AddObject(t.object));
+    CKPTIO_ASSERT_OK(os->Write(file.data(), file.size()));
+    CKPTIO_ASSERT_OK(os->Close());
+    stripe->AddTensor(t);
+    CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt r, stripe->Finish());
+    CKPTIO_ASSERT_OK(pending->AddStripe(r));
+    const std::string path =
+        dir.Sub("s") + "/step-00000000000" + std::to_string(step) + "/" + t.object;
+    if (gone) {
+      ASSERT_EQ(::unlink(path.c_str()), 0) << path;
+    }
+    auto info = pending->Commit();
+    if (!gone) {
+      CKPTIO_EXPECT_OK(info.status());
+      continue;
+    }
+    EXPECT_EQ(info.status().code(), Code::kDataLoss) << info.status();
+    EXPECT_NE(info.status().message().find("m.part-1.safetensors is not in"), std::string::npos)
+        << info.status();
+  }
 }
 
 }  // namespace
