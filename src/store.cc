@@ -1290,22 +1290,35 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
     if (!locked.ok() && locked.status().code() != Code::kUnimplemented) return locked.status();
     r.writer_active = locked.ok() && *locked;
   }
+  // Steps with a temp object: with a live writer, those it is writing (it
+  // swept every earlier writer's temps as it took the lock).
+  std::set<int64_t> writing;
   for (const auto& key : keys) {
-    if (IsTempKey(key) && !r.writer_active)
-      r.problems.push_back({FsckProblem::Kind::kStaleTemp, -1, key});
+    if (!IsTempKey(key)) continue;
+    if (!r.writer_active) r.problems.push_back({FsckProblem::Kind::kStaleTemp, -1, key});
+    const size_t slash = key.find('/');
+    if (slash != std::string::npos) writing.insert(ParseStepDirName(key.substr(0, slash)));
   }
   CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
+  if (r.writer_active) {
+    // Its save in progress: a torn step it is writing an object of, else
+    // (between two objects) most likely the newest step. A save below a
+    // newer step (after a load fell back past it) is found by the former.
+    for (const auto& s : steps)
+      if (s.state == StepState::kTorn && writing.count(s.step)) r.in_progress = s.step;
+    if (!r.in_progress && !steps.empty() && steps.back().state == StepState::kTorn)
+      r.in_progress = steps.back().step;
+  }
   std::map<int64_t, Hash128> good;
   for (const auto& s : steps) {
     if (s.state == StepState::kTorn) {
-      if (r.writer_active && &s == &steps.back()) {
-        r.in_progress = s.step;  // the live writer's save, most likely
-        continue;
-      }
-      r.problems.push_back({FsckProblem::Kind::kTornStep, s.step,
-                            r.writer_active ? "no MANIFEST.json (older than the newest step, so "
-                                              "not the active writer's save)"
-                                            : "no MANIFEST.json: an unfinished save"});
+      if (r.in_progress == s.step) continue;
+      std::string detail = "no MANIFEST.json: an unfinished save";
+      if (r.writer_active)
+        detail += r.in_progress ? ", not the active writer's (it is writing step " +
+                                      std::to_string(*r.in_progress) + ")"
+                                : ", not the active writer's (it is between saves)";
+      r.problems.push_back({FsckProblem::Kind::kTornStep, s.step, std::move(detail)});
       continue;
     }
     if (s.state == StepState::kCorrupt) {

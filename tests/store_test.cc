@@ -802,6 +802,28 @@ TEST_F(StoreTest, CheckBesideALiveWriterCountsOnlyOlderTornSteps) {
   EXPECT_EQ(report.problems.size(), 1u);
 }
 
+// A save below a newer torn step (the writer fell back past a crashed save
+// and saves again from an older step): the step it is writing an object of
+// is its save, the newer torn step the problem.
+TEST_F(StoreTest, CheckBesideALiveWriterFindsASaveBelowANewerTornStep) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 2, {{"a", "x"}}).ok());
+  ASSERT_EQ(::mkdir(dir_.Sub("store/step-000000000009").c_str(), 0755), 0);
+  testing::WriteFile(dir_.Sub("store/step-000000000009/a"), "x");
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(3));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stream, pending->AddObject("a"));
+  CKPTIO_ASSERT_OK(stream->Write("half", 4));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check());
+  EXPECT_EQ(report.in_progress, 3);
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_EQ(report.problems[0].kind, FsckProblem::Kind::kTornStep);
+  EXPECT_EQ(report.problems[0].step, 9);
+  EXPECT_NE(report.problems[0].detail.find("writing step 3"), std::string::npos)
+      << report.problems[0].detail;
+  CKPTIO_ASSERT_OK(stream->Close());
+  CKPTIO_ASSERT_OK(pending->Commit().status());
+}
+
 TEST_F(StoreTest, CheckDoesNotTakeTheWriterLock) {
   {
     auto w = Writer();

@@ -272,8 +272,8 @@ struct FsckReport {
   std::vector<int64_t> good_steps;  // committed and verified, ascending
   std::optional<int64_t> latest;    // what LATEST names, when readable
   bool writer_active = false;       // another writer held the lock
-  // With a writer active: a torn step newer than every other, which is most
-  // likely the save in progress; not counted as a problem.
+  // With a writer active: the torn step it writes an object of, else the
+  // newest if torn (most likely its save); not counted as a problem.
   std::optional<int64_t> in_progress;
   std::vector<FsckProblem> problems;
   std::vector<std::string> repairs;  // what Repair() did, in order
