@@ -23,9 +23,9 @@
 // Each object is read once per load: mapped privately (copy-on-write) on
 // local file systems, read into one buffer elsewhere, and verified chunk by
 // chunk on every core. A module parameter already on the target device with
-// the saved dtype and shape is filled in place (no new memory); other CPU
-// tensors share the verified map, so writing to them copies the touched
-// pages and never changes the checkpoint.
+// the saved dtype and shape is filled in place (no new memory); a named tensor
+// stays the caller's tensor (set_, as torch::load); other CPU tensors share
+// the verified map: writes copy the touched pages, never change the checkpoint.
 #ifndef CKPTIO_TORCH_H_
 #define CKPTIO_TORCH_H_
 
@@ -58,8 +58,8 @@ struct AsyncSave;
 struct SavePlan;
 }  // namespace internal
 
-// One named piece of training state. Holds a reference: the object must
-// outlive the State.
+// A named piece of state (names unique; module and optimizer names: 1-160 of
+// [A-Za-z0-9._-], no leading '.'). Holds a reference: the object must outlive.
 class StateItem {
  public:
   enum class Kind { kModule, kOptimizer, kTensor };

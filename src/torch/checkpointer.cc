@@ -15,6 +15,7 @@
 #include "ckptio/safetensors.h"
 #include "ckptio/torch.h"
 #include "copy.h"
+#include "text.h"
 
 namespace ckptio {
 
@@ -124,6 +125,52 @@ SavePlan Plan(const State& state) {
   if (!loose.tensors.empty()) plan.tensor_objects.push_back(std::move(loose));
   for (const auto& [key, value] : state.metadata) plan.metadata[kUserPrefix + key] = value;
   return plan;
+}
+
+// Item names are unique (one ckptio.item.<name>
+// entry each, so a module and a tensor both named "x" would save but never
+// load), and a module's or optimizer's name is usable in its object's name.
+constexpr size_t kMaxItemName = 160;  // + ".part-N.safetensors" fits kMaxKeyComponent
+Status CheckNames(const State& state) {
+  std::map<std::string, StateItem::Kind> seen;
+  auto kind_name = [](StateItem::Kind k) {
+    return k == StateItem::Kind::kModule      ? "a module"
+           : k == StateItem::Kind::kOptimizer ? "an optimizer"
+                                              : "a tensor";
+  };
+  bool loose = false;
+  for (const StateItem& item : state.items) {
+    const std::string& name = item.name();
+    auto [it, fresh] = seen.emplace(name, item.kind());
+    if (!fresh)
+      return Status(Code::kInvalidArgument, "the State has two items named \"" + Printable(name) +
+                                                "\" (" + kind_name(it->second) + " and " +
+                                                kind_name(item.kind()) +
+                                                "): item names must be unique");
+    if (item.kind() == StateItem::Kind::kTensor) {
+      loose = true;
+      continue;
+    }
+    Status s = ValidateObjectName(item.kind() == StateItem::Kind::kModule ? ModuleObject(name)
+                                                                          : OptimizerObject(name));
+    if (name.empty() || name.size() > kMaxItemName || !s.ok())
+      return Status(Code::kInvalidArgument,
+                    std::string(kind_name(item.kind())) + " is named \"" + Printable(name) +
+                        "\", which cannot name its object in the store: module and optimizer "
+                        "names are 1 to 160 of [A-Za-z0-9._-], not starting with '.' (tensor "
+                        "names may be any UTF-8)");
+  }
+  auto module = seen.find("tensors");
+  if (loose && module != seen.end() && module->second == StateItem::Kind::kModule)
+    return Status(Code::kInvalidArgument,
+                  "a module named \"tensors\" would share tensors.safetensors with the State's "
+                  "tensors: rename the module");
+  return OkStatus();
+}
+
+// Before a save or load: the previous save's outcome, else CheckNames.
+Status Ready(Status previous, const State& state) {
+  return previous.ok() ? CheckNames(state) : previous;
 }
 
 std::string PartObject(const std::string& object, int rank) {
@@ -541,7 +588,16 @@ void ApplyTensors(Staged& staged, State& state) {
     }
   }
   ParallelCopy(memcpys);
-  for (auto& [target, loaded] : staged.tensors) *target = loaded;
+  // As torch::load: the caller's tensor stays the same tensor (an optimizer
+  // holding it sees the loaded values) and keeps requires_grad.
+  for (auto& [target, loaded] : staged.tensors) {
+    if (!target->defined())
+      *target = loaded;
+    else if (target->device() == loaded.device() && target->dtype() == loaded.dtype())
+      target->set_(loaded);
+    else
+      target->set_data(loaded);
+  }
   state.metadata = std::move(staged.metadata);
 }
 
@@ -751,7 +807,7 @@ Status Checkpointer::Abandon(int64_t step, const std::string& attempt, Status er
 
 Status Checkpointer::Save(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
-  Status previous = FinishAsync();
+  Status previous = Ready(FinishAsync(), state);
   if (!previous.ok()) return Abandon(step, attempt, previous);
   return SaveNow(step, attempt, PlanFor(state));
 }
@@ -781,6 +837,7 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     promise.set_value(std::move(s));
     return std::move(future);
   };
+  if (Status names = CheckNames(state); !names.ok()) return done_now(Abandon(step, attempt, names));
   SavePlan plan = PlanFor(state);
   {
     // Staging: every tensor copied, 64-byte aligned, into one reused buffer.
@@ -1055,7 +1112,7 @@ Status Checkpointer::Ticket::Wait() {
 
 Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
-  Status previous = FinishAsync();
+  Status previous = Ready(FinishAsync(), state);
   if (!previous.ok()) return Abandon(step, attempt, previous);
   if (options_.stripe && rank_.world_size > 1)
     return Status(Code::kInvalidArgument,
@@ -1147,7 +1204,7 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
   const std::string what = rank_.ToString() + ": load";
   // Named first: every rank counts every call, whatever happens next.
   const std::string decision = scope_ + "-load-" + std::to_string(++load_seq_);
-  Status previous = FinishAsync();
+  Status previous = Ready(FinishAsync(), state);
   if (!previous.ok()) {
     if (rank_.rank == 0 && rank_.world_size > 1)  // the others wait for a decision: this one
       (void)PublishDecision(decision, DecisionText({{"code", static_cast<int>(previous.code())},

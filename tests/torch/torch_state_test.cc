@@ -256,6 +256,74 @@ TEST(TorchStateTest, WritingToLoadedTensorsNeverChangesTheCheckpoint) {
   CKPTIO_EXPECT_OK(reader->Verify());
 }
 
+// A loaded tensor item fills the caller's tensor, as torch::load does: an
+// optimizer holding it trains the loaded values, and requires_grad stays.
+TEST(TorchStateTest, ALoadedTensorStaysTheCallersTensor) {
+  TempDir dir;
+  torch::Tensor w = torch::arange(4, torch::kFloat32).requires_grad_();
+  torch::Tensor d = torch::arange(3, torch::kFloat64);
+  State state{{"w", w}, {"d", d}};
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  const torch::Tensor saved_w = w.detach().clone(), saved_d = d.clone();
+
+  torch::Tensor w2 = torch::zeros({4}).requires_grad_();
+  torch::Tensor d2 = torch::zeros({5}, torch::kFloat32);  // another dtype and shape
+  torch::optim::SGD sgd({w2}, 0.5);
+  const torch::Tensor w2_handle = w2, d2_handle = d2;
+  State into{{"w", w2}, {"d", d2}};
+  auto got = ckpt->Load(into);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(BitEqual(w2.detach(), saved_w));
+  EXPECT_TRUE(BitEqual(d2, saved_d)) << "takes the saved dtype and shape";
+  EXPECT_TRUE(w2.requires_grad());
+  EXPECT_TRUE(w2.is_same(w2_handle) && w2.is_same(sgd.param_groups()[0].params()[0]));
+  EXPECT_TRUE(d2.is_same(d2_handle));
+  sgd.zero_grad();
+  w2.sum().backward();
+  sgd.step();  // the optimizer's tensor is the loaded one
+  EXPECT_TRUE(BitEqual(w2.detach(), saved_w - 0.5f));
+}
+
+// Item names: unique (a module and a tensor both named "x" would save, then
+// never load), and a module's or optimizer's name must make an object name.
+TEST(TorchStateTest, ItemNamesAreCheckedBeforeAnythingIsWritten) {
+  TempDir dir;
+  Net net;
+  torch::optim::Adam adam(net.parameters());
+  torch::Tensor t = torch::ones({2});
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  const std::pair<State, std::string> bad[] = {
+      {State{{"x", net}, {"x", t}}, "two items named \"x\" (a module and a tensor)"},
+      {State{{"x", net}, {"x", adam}}, "two items named \"x\" (a module and an optimizer)"},
+      {State{{"a", t}, {"a", t}}, "two items named \"a\" (a tensor and a tensor)"},
+      {State{{"enc/dec", net}}, "a module is named \"enc/dec\", which cannot name its object"},
+      {State{{"", adam}}, "an optimizer is named \"\", which"},
+      {State{{".hidden", net}}, "a module is named \".hidden\""},
+      {State{{std::string(161, 'm'), net}}, "which cannot name its object"},
+      {State{{"tensors", net}, {"t", t}}, "a module named \"tensors\" would share"},
+  };
+  for (const auto& [state, message] : bad) {
+    Status saved = ckpt->Save(1, state);
+    EXPECT_EQ(saved.code(), Code::kInvalidArgument) << message;
+    EXPECT_NE(saved.message().find(message), std::string::npos) << saved;
+    State into = state;
+    auto loaded = ckpt->Load(into);
+    ASSERT_FALSE(loaded.ok()) << message;
+    EXPECT_NE(loaded.status().message().find(message), std::string::npos) << loaded.status();
+  }
+  Status async = ckpt->SaveAsync(1, bad[0].first).get();
+  EXPECT_NE(async.message().find(bad[0].second), std::string::npos) << async;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, ckpt->store().ListSteps());
+  EXPECT_TRUE(steps.empty()) << "nothing was written";
+  // Allowed: a tensor named "tensors", a module and an optimizer sharing a stem.
+  State fine{{"tensors", t}, {"net.v2", net}, {"net.v2.adam", adam}};
+  EXPECT_EQ(ckpt->Save(2, fine).code(), Code::kInvalidArgument) << "SaveAsync's error, again";
+  CKPTIO_EXPECT_OK(ckpt->Save(2, fine));
+  auto back = ckpt->Load(fine);
+  EXPECT_TRUE(back.ok()) << back.status();
+}
+
 TEST(TorchStateTest, LoadsThroughABackendThatCannotMap) {
   // RecordingBackend forwards reads but not Map(): tensors come from a
   // verified buffer instead.
