@@ -603,6 +603,84 @@ TEST_F(CorruptStoreTest, GcKeepsTheNewestStepThatVerifies) {
   EXPECT_EQ(v.exit_code, 0) << v;
 }
 
+// Damage gc does not judge (a manifest that does not parse, an unreadable
+// LATEST) stays, and gc says so and exits 1 as for a corrupt step.
+TEST_F(CliTest, GcReportsDamageItLeaves) {
+  ASSERT_NO_FATAL_FAILURE(MakeStore());
+  ::ckptio::testing::WriteFile(ObjectPath(0, "MANIFEST.json"), "{bad");
+  RunResult r = Ckptio({"gc", store_, "--keep", "1"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.out.find("corrupt step 0: "), std::string::npos) << r;
+  EXPECT_NE(r.out.find("ckptio fsck --repair"), std::string::npos) << r;
+  EXPECT_EQ(StepsOf(LsJson()), (std::vector<int64_t>{0, 20}));
+  ::ckptio::testing::WriteFile(store_ + "/LATEST", "garbage");
+  RunResult latest = Ckptio({"gc", store_, "--keep", "1"});
+  EXPECT_EQ(latest.exit_code, 1) << latest;
+  EXPECT_NE(latest.out.find("LATEST is unreadable"), std::string::npos) << latest;
+}
+
+// verify of LATEST, and --all, check that LATEST names a step that is there
+// by its manifest's hash: a LATEST that does not is reported once, as LATEST.
+TEST_F(CliTest, VerifyChecksWhatLatestNames) {
+  ASSERT_NO_FATAL_FAILURE(MakeStore());
+  const std::string other = tmp_.Sub("other");
+  ASSERT_EQ(
+      Gen({other, "--steps", "3", "--objects", "2", "--size", "300K", "--every", "10"}).exit_code,
+      0);
+  // Another store's LATEST: step 20, by the hash of another manifest.
+  ::ckptio::testing::WriteFile(store_ + "/LATEST", ReadFile(other + "/LATEST"));
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"verify", store_},
+        std::vector<std::string>{"verify", store_, "--all"}}) {
+    RunResult r = Ckptio(args);
+    EXPECT_EQ(r.exit_code, 1) << Join(args) << "\n" << r;
+    EXPECT_NE(r.out.find("step 20: OK"), std::string::npos) << r;
+    EXPECT_NE(r.out.find("LATEST: BAD"), std::string::npos) << r;
+    EXPECT_EQ(r.out.find("DATA_LOSS"), r.out.rfind("DATA_LOSS")) << "reported once\n" << r;
+    EXPECT_NE(r.out.find("ckptio fsck --repair"), std::string::npos) << r;
+  }
+  // LATEST naming a step that is gone.
+  ASSERT_EQ(std::system(("rm -rf " + StepDir(20)).c_str()), 0);
+  ::ckptio::testing::WriteFile(store_ + "/LATEST", ReadFile(other + "/LATEST"));
+  RunResult gone = Ckptio({"verify", store_, "--all"});
+  EXPECT_EQ(gone.exit_code, 1) << gone;
+  EXPECT_NE(gone.out.find("LATEST: BAD"), std::string::npos) << gone;
+  EXPECT_NE(gone.out.find("NOT_FOUND"), std::string::npos) << gone;
+}
+
+// A step that cannot be read (here: permission) is not called corrupt, and
+// fsck --repair (which could not read it either) is not what to do.
+TEST_F(CliTest, UnreadableDataIsNotCalledCorrupt) {
+  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0)
+    GTEST_SKIP() << "needs root and /usr/bin/setpriv to run ckptio as another user";
+  ASSERT_NO_FATAL_FAILURE(MakeStore());
+  ASSERT_EQ(::chmod(tmp_.path().c_str(), 0755), 0);
+  ASSERT_EQ(std::system(("chmod -R a+rX " + store_).c_str()), 0);
+  ASSERT_EQ(::chmod(ObjectPath(10, "shard-1.bin").c_str(), 0600), 0);
+  auto as_nobody = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                               "--clear-groups", bin_dir_ + "/ckptio"});
+    return RunCommand(args);
+  };
+  RunResult v = as_nobody({"verify", store_, "--all"});
+  EXPECT_EQ(v.exit_code, 1) << v;
+  EXPECT_NE(v.out.find("step 10: NOT VERIFIED"), std::string::npos) << v;
+  EXPECT_NE(v.out.find("PERMISSION_DENIED"), std::string::npos) << v;
+  EXPECT_NE(v.out.find("step 20: OK"), std::string::npos) << v;
+  EXPECT_EQ(v.out.find("corruption found"), std::string::npos) << v;
+  EXPECT_NE(v.out.find("could not be read"), std::string::npos) << v;
+  RunResult ls = as_nobody({"ls", store_, "--verify", "--json"});
+  EXPECT_EQ(ls.exit_code, 1) << ls;
+  json j = json::parse(ls.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << ls;
+  for (const auto& s : j.at("steps")) {
+    EXPECT_EQ(s.at("state"), "committed") << s.dump();
+    if (s.at("step") == 10) {
+      EXPECT_NE(s.dump().find("not verified: PERMISSION_DENIED"), std::string::npos) << s.dump();
+    }
+  }
+}
+
 // ---------------------------------------------------------------- manifest
 
 // Where the value of "checksum" lies in a MANIFEST.json: [begin, end).

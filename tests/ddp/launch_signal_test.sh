@@ -3,8 +3,8 @@
 # reaches everything each rank started (each rank leads a process group),
 # the ranks do not outlive a launcher that is SIGKILLed, ranks that ignore
 # SIGTERM are killed --grace seconds after it (at once on a second one), a
-# signal ignored at startup (nohup) stays ignored, and an ignored SIGCHLD
-# does not hide how the ranks ended.
+# signal ignored at startup (nohup) stays ignored, an ignored SIGCHLD
+# does not hide how the ranks ended, and usage errors exit 2.
 set -euo pipefail
 bin=$1
 marker=$((900000 + RANDOM))  # a sleep length no other process uses
@@ -135,3 +135,16 @@ if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "stopped by signal $(kill -l TT
   exit 1
 fi
 echo "a rank stopped by SIGTTOU ended the job at once: $(grep -m1 'stopped by' "$log" | tr -d '\r')"
+
+# 8. Usage errors exit 2 (as ckptio's other tools), never a code a rank could
+# return, and --grace is a finite number of seconds (nan, or one that
+# overflows the deadline, once stopped the ranks at once).
+for args in "-n 0 -- true" "-n 2 --" "--grace nan -- true" "--grace 1e10 -- true" \
+  "--grace -1 -- true"; do
+  set +e
+  "$bin/ckptio-launch" $args >/dev/null 2>&1
+  rc=$?
+  set -e
+  [ "$rc" = 2 ] || { echo "FAIL: ckptio-launch $args exited $rc, not 2 (usage)"; exit 1; }
+done
+echo "usage errors (-n 0, no PROGRAM, --grace nan/1e10/-1) exit 2"

@@ -17,6 +17,7 @@
 
 #include "ckptio/ckptio.h"
 #include "common/progress.h"
+#include "common/seconds_option.h"
 #include "common/store_args.h"
 #include "text.h"
 
@@ -70,6 +71,14 @@ Result<uint64_t> CommittedBytes(Store& store) {
 struct StepVerdict {
   int64_t step;
   std::vector<std::string> errors;  // empty when the step verifies
+  bool corrupt = false;             // some error is DATA_LOSS: damage fsck --repair retires
+  bool unreadable = false;          // some other error (access, I/O): not judged
+
+  void Add(const Status& s) {
+    errors.push_back(s.ToString());
+    (s.code() == Code::kDataLoss ? corrupt : unreadable) = true;
+  }
+  std::string_view Label() const { return corrupt ? "BAD" : unreadable ? "NOT VERIFIED" : "OK"; }
 };
 
 // Verifies every object of a step, collecting every problem (not just the
@@ -78,14 +87,24 @@ StepVerdict VerifyStep(Store& store, int64_t step, Progress& progress) {
   StepVerdict v{step, {}};
   auto reader = store.OpenStep(step);
   if (!reader.ok()) {
-    v.errors.push_back(reader.status().ToString());
+    v.Add(reader.status());
     return v;
   }
   for (const auto& o : (*reader)->manifest().objects) {
     Status s = (*reader)->VerifyObject(o.name, progress.Fn());
-    if (!s.ok()) v.errors.push_back(s.ToString());
+    if (!s.ok()) v.Add(s);
   }
   return v;
+}
+
+// The last line of a verification that found `corrupt` or `unreadable` data.
+std::string VerdictAdvice(const std::string& uri, bool corrupt, bool unreadable) {
+  std::string out;
+  if (corrupt)
+    out += "corruption found: run `ckptio fsck --repair " + uri + "` to retire bad steps\n";
+  if (unreadable)
+    out += "some data could not be read (not judged corrupt): fix access to the store, or retry\n";
+  return out.empty() ? "all verified steps are good\n" : out;
 }
 
 int CmdLs(const std::string& uri, bool verify, bool as_json) {
@@ -96,19 +115,20 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
   auto latest = (*store)->ReadLatest();
   std::optional<int64_t> latest_step;
   if (latest.ok() && latest->has_value()) latest_step = (*latest)->step;
+  bool all_good = true;
   if (verify) {
     auto total = CommittedBytes(**store);
     Progress progress(total.ok() ? *total : 0);
     for (auto& s : *steps) {
       if (s.state != StepState::kCommitted) continue;
       StepVerdict v = VerifyStep(**store, s.step, progress);
+      if (v.corrupt) s.state = StepState::kCorrupt;
       if (!v.errors.empty()) {
-        s.state = StepState::kCorrupt;
-        s.problem = v.errors.front();
+        s.problem = (v.corrupt ? "" : "not verified: ") + v.errors.front();
+        all_good = false;
       }
     }
   }
-  bool all_good = true;
   json out = json::array();
   if (!as_json)
     std::cout << fmt::format("{:>14}  {:<10} {:>10}  {:<20}  {}\n", "STEP", "STATE", "SIZE",
@@ -165,12 +185,18 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
     auto exists = (*store)->OpenStep(*step);
     if (!exists.ok() && exists.status().code() == Code::kNotFound) return Fail(exists.status());
     targets.push_back(*step);
-    if (step_text.empty() || step_text == "latest") {
-      // Also check that LATEST matches the manifest it names.
-      auto reader = (*store)->OpenLatest();
-      if (!reader.ok() && reader.status().code() == Code::kDataLoss)
-        verdicts.push_back({*step, {reader.status().ToString()}});
-    }
+  }
+  // LATEST is part of what `verify` (of LATEST) and `verify --all` check: it
+  // must name a step that is there, by the hash of its manifest. A step whose
+  // manifest is damaged is reported as that step's problem.
+  std::optional<Status> latest_error;
+  if (all || step_text.empty() || step_text == "latest") {
+    auto latest = (*store)->ReadLatest();
+    Status s = latest.status();
+    if (latest.ok() && latest->has_value() &&
+        (*store)->OpenStep((*latest)->step).status().code() != Code::kDataLoss)
+      s = (*store)->OpenLatest().status();
+    if (!s.ok()) latest_error = s;
   }
   uint64_t total = 0;
   for (int64_t step : targets) {
@@ -188,34 +214,36 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
       verdicts.push_back(std::move(v));
   }
   progress.Done();
-  bool ok = true;
+  // LATEST naming a missing step, or another manifest than the step's, is
+  // damage fsck --repair mends; another error (access, I/O) is not judged.
+  const bool latest_bad = latest_error && (latest_error->code() == Code::kDataLoss ||
+                                           latest_error->code() == Code::kNotFound);
+  bool corrupt = latest_bad, unreadable = latest_error && !latest_bad;
   json out = json::array();
-  std::string latest_error;  // --all checks LATEST too: it is part of the store
-  if (all) {
-    auto latest = (*store)->ReadLatest();
-    if (!latest.ok()) latest_error = latest.status().ToString();
-    ok = latest_error.empty();
-  }
   for (const auto& v : verdicts) {
-    ok = ok && v.errors.empty();
+    corrupt |= v.corrupt;
+    unreadable |= v.unreadable;
     if (as_json) {
-      out.push_back({{"step", v.step}, {"ok", v.errors.empty()}, {"errors", v.errors}});
-    } else if (v.errors.empty()) {
-      std::cout << "step " << v.step << ": OK\n";
+      out.push_back({{"step", v.step},
+                     {"ok", v.errors.empty()},
+                     {"corrupt", v.corrupt},
+                     {"errors", v.errors}});
     } else {
-      std::cout << "step " << v.step << ": BAD\n";
+      std::cout << "step " << v.step << ": " << v.Label() << "\n";
       for (const auto& e : v.errors) std::cout << "  " << e << "\n";
     }
   }
-  if (!latest_error.empty() && !as_json) std::cout << "LATEST: BAD\n  " << latest_error << "\n";
+  const bool ok = !corrupt && !unreadable;
+  if (latest_error && !as_json)
+    std::cout << "LATEST: " << (latest_bad ? "BAD" : "NOT VERIFIED") << "\n  " << *latest_error
+              << "\n";
   if (as_json) {
     json j = {{"store", (*store)->uri()}, {"ok", ok}, {"steps", out}};
-    if (!latest_error.empty()) j["latest_error"] = latest_error;
+    if (latest_error) j["latest_error"] = latest_error->ToString();
     std::cout << Dump(j) << "\n";
-  } else
-    std::cout << (ok ? "all verified steps are good\n"
-                     : "corruption found: run `ckptio fsck --repair " + uri +
-                           "` to retire bad steps\n");
+  } else {
+    std::cout << VerdictAdvice(uri, corrupt, unreadable);
+  }
   return ok ? kExitOk : kExitBad;
 }
 
@@ -349,6 +377,19 @@ int CmdGc(const std::string& uri, int keep, double wait_s) {
     std::cout << "corrupt step " << p.step << ": " << p.detail << "\n";
     corrupt_left |= std::find(gc->deleted.begin(), gc->deleted.end(), p.step) == gc->deleted.end();
   }
+  // Damage gc does not judge (it reads committed steps only) stays too: a
+  // manifest that does not parse, an unreadable LATEST.
+  auto after = (*store)->ListSteps();
+  if (!after.ok()) return Fail(after.status());
+  for (const auto& s : *after) {
+    if (s.state != StepState::kCorrupt) continue;
+    std::cout << "corrupt step " << s.step << ": " << s.problem << "\n";
+    corrupt_left = true;
+  }
+  if (auto latest = (*store)->ReadLatest(); !latest.ok()) {
+    std::cout << "LATEST is unreadable: " << latest.status() << "\n";
+    corrupt_left = true;
+  }
   for (int64_t s : gc->deleted) std::cout << "deleted step " << s << "\n";
   std::cout << gc->deleted.size() << " step(s) deleted, newest " << keep << " kept";
   if (gc->newest_good && !gc->corrupt.empty())
@@ -356,7 +397,7 @@ int CmdGc(const std::string& uri, int keep, double wait_s) {
   std::cout << "\n";
   if (!gc->newest_good && !gc->corrupt.empty()) std::cout << "no committed step verifies\n";
   if (!corrupt_left) return kExitOk;
-  std::cout << "run `ckptio fsck --repair " << uri << "` to remove the corrupt steps\n";
+  std::cout << "run `ckptio fsck --repair " << uri << "` to remove the damage\n";
   return kExitBad;
 }
 
@@ -413,7 +454,7 @@ int Main(int argc, char** argv) {
                  "steps and stale temps (never a step that verifies)");
   fsck->add_flag("--json", as_json, "machine-readable output");
   fsck->add_option("--wait", wait_s, "seconds to wait for the writer lock with --repair")
-      ->check(CLI::Range(0.0, 1e6));  // seconds; more overflows the deadline
+      ->check(Seconds(0, 1e6));  // more overflows the deadline
 
   // Parsed by ckptio-export; listed here for --help.
   app.add_subcommand("export",
@@ -428,7 +469,7 @@ int Main(int argc, char** argv) {
       ->required()
       ->check(CLI::Range(1, 1000000));
   gc->add_option("--wait", wait_s, "seconds to wait for the writer lock")
-      ->check(CLI::Range(0.0, 1e6));  // seconds; more overflows the deadline
+      ->check(Seconds(0, 1e6));  // more overflows the deadline
 
   try {
     app.parse(argc, argv);

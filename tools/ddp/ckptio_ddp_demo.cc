@@ -27,6 +27,7 @@
 
 #include "ckptio/backends.h"
 #include "ckptio/torch.h"
+#include "common/seconds_option.h"
 
 namespace {
 
@@ -153,7 +154,7 @@ int main(int argc, char** argv) {
   app.add_option("--wait", wait, "how ranks learn of a commit: manifest, file-lock or store")
       ->check(CLI::IsMember({"manifest", "file-lock", "store"}));
   app.add_option("--timeout", timeout_s, "seconds any wait may take (at least 0.001)")
-      ->check(CLI::Range(0.001, 1e9));
+      ->check(ckptio::Seconds(0.001, 1e9));
   app.add_option("--kill-rank0-during-save", kill_at,
                  "SIGKILL rank 0 in the middle of writing this step's checkpoint");
   CLI11_PARSE(app, argc, argv);

@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/seconds_option.h"
+
 namespace {
 
 // Forwarded to every rank's process group; one pending flag per signal, so
@@ -92,9 +94,15 @@ int Run(int argc, char** argv) {
   app.add_option("--grace", grace,
                  "seconds the ranks get after one fails (then SIGTERM, and SIGKILL 5 s later) "
                  "or after a forwarded SIGHUP/SIGINT/SIGTERM/SIGQUIT (then SIGKILL)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ckptio::Seconds(0, 1e6));  // more overflows the deadline
   app.add_option("command", command, "PROGRAM and its arguments (after --)")->required();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // 2 for a usage error, as ckptio's other tools: CLI11's own codes (105...)
+    // would read as a rank's exit status.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   if (master_port == 0) master_port = FreePort();
   if (master_port <= 0) {
