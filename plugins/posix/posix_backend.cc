@@ -278,6 +278,8 @@ class PosixWriter : public ObjectWriter {
         if (errno == EINTR) continue;
         return ErrnoToStatus(errno, "write " + Path(tmp_));
       }
+      if (n == 0)  // no progress and no error (some FUSE file systems): never loop on it
+        return ErrnoToStatus(EIO, "write " + Path(tmp_) + " wrote nothing");
       p += n;
       size -= static_cast<size_t>(n);
       written_ += static_cast<uint64_t>(n);
@@ -806,6 +808,12 @@ Status PosixWriter::Commit() {
       if (err == EEXIST && !SameFile(dir_.get(), tmp_, name_))
         return fail(
             Status(Code::kAlreadyExists, target + " already exists and is never overwritten"));
+      if (err == EPERM || err == ENOSYS || err == EOPNOTSUPP)  // vfat, exfat, some FUSE
+        return fail(Status(Code::kFailedPrecondition,
+                           "link " + tmp_path + " to " + target + ": " + std::strerror(err) +
+                               ": the file system does not make hard links, which ckptio needs "
+                               "to create an object without overwriting one; put the store "
+                               "on ext4, xfs, btrfs or NFS"));
       if (err != EEXIST) return fail(ErrnoToStatus(err, "link " + tmp_path + " to " + target));
     }
     fs().UnlinkAt(dir_.get(), tmp_.c_str(), 0);  // a leftover is removed as stale

@@ -61,8 +61,9 @@ std::unique_ptr<StorageBackend> Open(const std::string& root, PosixBackendOption
   return std::move(*b);
 }
 
-Status Put(StorageBackend& b, const std::string& key, const std::string& bytes) {
-  CKPTIO_ASSIGN_OR_RETURN(auto w, b.NewObject(key, WriteMode::kReplace));
+Status Put(StorageBackend& b, const std::string& key, const std::string& bytes,
+           WriteMode mode = WriteMode::kReplace) {
+  CKPTIO_ASSIGN_OR_RETURN(auto w, b.NewObject(key, mode));
   CKPTIO_RETURN_IF_ERROR(w->Append(bytes.data(), bytes.size()));
   return w->Commit();
 }
@@ -175,6 +176,45 @@ TEST(PosixBackend, AReplaceWhoseRenameReplyWasLostSucceeds) {
   Status s = Put(*b2, "LATEST", "newer");
   EXPECT_EQ(s.code(), Code::kNotFound) << s;
   EXPECT_EQ(ReadFile(dir.Sub("LATEST")), "new");
+}
+
+// A file system that makes no hard links (vfat: EPERM) fails an exclusive
+// create with what to do, not "permission denied"; a write that makes no
+// progress (some FUSE file systems return 0) fails instead of looping.
+TEST(PosixBackend, NoHardLinksAndWritesOfNothingAreClearErrors) {
+  struct NoLinks : PosixFs {
+    int LinkAt(int, const char*, const char*) override {
+      errno = EPERM;
+      return -1;
+    }
+  };
+  TempDir dir;
+  PosixBackendOptions o;
+  o.fs = std::make_shared<NoLinks>();
+  auto b = Open(dir.path(), std::move(o));
+  Status s = Put(*b, "step-1/MANIFEST.json", "m", WriteMode::kCreateExclusive);
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("does not make hard links"), std::string::npos) << s;
+  auto keys = b->List("");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_TRUE(keys->empty()) << "the temp is removed";
+
+  struct WritesNothing : PosixFs {
+    ssize_t Write(int, const void*, size_t) override { return 0; }
+  };
+  PosixBackendOptions o2;
+  o2.fs = std::make_shared<WritesNothing>();
+  auto b2 = Open(dir.path(), std::move(o2));
+  auto f =
+      std::async(std::launch::async, [&] { return Put(*b2, "LATEST", std::string(1 << 20, 'x')); });
+  if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: a write of nothing is retried forever\n");
+    std::fflush(stderr);
+    ::_exit(1);  // the looping thread cannot be joined
+  }
+  Status w = f.get();
+  EXPECT_EQ(w.code(), Code::kUnavailable) << w;
+  EXPECT_NE(w.message().find("wrote nothing"), std::string::npos) << w;
 }
 
 // A FIFO (or device) under an object's or the lock's name is refused at
