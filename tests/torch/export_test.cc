@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "ckptio/backends.h"
 #include "ckptio/torch.h"
 #include "test_util.h"
 
@@ -174,6 +175,43 @@ TEST(ExportTest, AWriteErrorFailsCleanly) {
   EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
 }
 
+// Replacing an export keeps the file's mode, and writes through a symlink
+// (as torch.save would); a step without tensors exports nothing (exit 1).
+TEST(ExportTest, ReplacingKeepsTheModeAndTheSymlink) {
+  const char* bin = std::getenv("CKPTIO_BIN_DIR");
+  ASSERT_NE(bin, nullptr);
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(SaveStepOne(dir, 10));
+  const std::string real = dir.Sub("real.pt"), link = dir.Sub("link.pt");
+  testing::WriteFile(real, "old");
+  ASSERT_EQ(::chmod(real.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  int rc = 0;
+  std::string said =
+      Shell(std::string(bin) + "/ckptio export " + dir.Sub("store") + " 1 -o " + link, &rc);
+  ASSERT_EQ(rc, 0) << said;
+  struct stat st;
+  ASSERT_EQ(::lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode)) << "the link was replaced by a file";
+  ASSERT_EQ(::stat(real.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_GT(st.st_size, 100) << "the export went to the link's target";
+
+  auto store = OpenStore(dir.Sub("bare"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto writer = (*store)->OpenWriter(WriterOptions{});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  auto pending = (*writer)->Begin(5);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  CKPTIO_ASSERT_OK((*pending)->PutObject("blob", "bytes", 5));
+  CKPTIO_ASSERT_OK((*pending)->Commit().status());
+  said = Shell(
+      std::string(bin) + "/ckptio export " + dir.Sub("bare") + " 5 -o " + dir.Sub("none.pt"), &rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 1) << said;
+  EXPECT_NE(said.find("nothing to export"), std::string::npos) << said;
+  EXPECT_NE(::access(dir.Sub("none.pt").c_str(), F_OK), 0) << said;
+}
+
 // Exit codes as for `ckptio`: 2 for a usage error, 1 for a store problem,
 // each with a message that says what to do.
 TEST(ExportTest, UsageErrorsExitTwoAndStoreProblemsOne) {
@@ -193,6 +231,9 @@ TEST(ExportTest, UsageErrorsExitTwoAndStoreProblemsOne) {
       {store + " 1000000000000" + out, 2, "bad STEP"},
       {dir.Sub("nothing-here") + " latest" + out, 1, "NOT_FOUND"},
       {store + " 2" + out, 1, "NOT_FOUND"},
+      {store + " 1 -o ''", 2, "names no file"},
+      {store + " 1 -o " + dir.path() + "/", 2, "names no file"},
+      {store + " 1 -o " + dir.path(), 2, "is a folder"},
   };
   for (const Case& c : cases) {
     int rc = 0;

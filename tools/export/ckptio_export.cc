@@ -9,12 +9,14 @@
 // archive that Python cannot read, so it is left out (and said so).
 #include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -36,19 +38,44 @@ using ckptio::Status;
 // Where the export's bytes go: a temp file next to `path`, fsynced and
 // renamed over `path` (then the folder fsynced) only when all went well, so
 // `path` is either untouched or complete; on failure the temp is removed.
+// Replacing a file keeps its mode, and a symlink stays a link to the file
+// written (as torch.save, which opens the path, would do).
 class DurableFile {
  public:
-  explicit DurableFile(std::string path)
-      : path_(std::move(path)), tmp_(path_ + ".ckptio-tmp." + std::to_string(::getpid())) {}
   ~DurableFile() {
     if (fd_ >= 0) ::close(fd_);
     if (created_ && !committed_) ::unlink(tmp_.c_str());
   }
 
-  Status Create() {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // InvalidArgument (a usage error) when `path` cannot name the output file.
+  Status Create(const std::string& path) {
+    path_ = path;
+    if (path_.empty() || path_.back() == '/')
+      return Status(Code::kInvalidArgument,
+                    "-o \"" + path_ + "\" names no file: give one, e.g. -o step.pt");
+    struct stat st;
+    mode_t mode = 0644;  // less the umask, as for any new file
+    bool keep_mode = false;
+    if (::lstat(path_.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      char* target = ::realpath(path_.c_str(), nullptr);
+      if (target == nullptr)
+        return ckptio::ErrnoToStatus(errno, "-o " + path_ + " is a symlink; resolving it");
+      path_ = target;
+      std::free(target);
+    }
+    if (::stat(path_.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode))
+        return Status(Code::kInvalidArgument,
+                      "-o " + path_ + " is a folder: name the file, e.g. -o " + path_ + "/step.pt");
+      mode = st.st_mode & 07777;
+      keep_mode = true;
+    }
+    tmp_ = path_ + ".ckptio-tmp." + std::to_string(::getpid());
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd_ < 0) return ckptio::ErrnoToStatus(errno, "create " + tmp_);  // maybe not ours
     created_ = true;
+    if (keep_mode && ::fchmod(fd_, mode) != 0)  // open() applied the umask
+      return ckptio::ErrnoToStatus(errno, "chmod " + tmp_);
     return ckptio::OkStatus();
   }
   // Bytes written; after an error none (the first error is kept).
@@ -140,6 +167,8 @@ int Run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every usage error 2, as in `ckptio`
   }
 
+  DurableFile file;  // first: a bad -o is a usage error before any reading
+  if (Status made = file.Create(out); !made.ok()) return Fail(made);
   auto store = ckptio::OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
   auto step = ckptio::ResolveStep(**store, step_text);
@@ -177,10 +206,13 @@ int Run(int argc, char** argv) {
   }
   top.insert("metadata", metadata);
 
-  DurableFile file(out);
-  Status s = file.Create();
+  if (manifest.tensors.empty())
+    return Fail(Status(Code::kFailedPrecondition,
+                       "step " + std::to_string(*step) +
+                           " holds no module or named tensors: nothing to export (optimizer "
+                           "archives are LibTorch's own and are not exported)"));
   ckptio::Progress progress(bytes);
-  if (s.ok()) s = PickleForTorchLoad(top, file, progress);
+  Status s = PickleForTorchLoad(top, file, progress);
   if (s.ok()) s = file.Commit();
   progress.Done();
   if (!s.ok()) return Fail(s);
