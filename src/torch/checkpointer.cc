@@ -8,6 +8,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "ckptio/backends.h"
@@ -513,6 +514,47 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
 
 void ApplyTensors(Staged& staged, State& state);
 
+// LibTorch's Optimizer::load pairs state with parameters by position only:
+// the state of another model's optimizer loads, and the next step() throws
+// (or, for parameters of equal shapes in another order, trains on the wrong
+// moments). Every per-parameter state tensor of the built-in optimizers
+// must have its parameter's shape.
+Status CheckOptimizerState(const torch::optim::Optimizer& opt) {
+  namespace o = torch::optim;
+  const auto& groups = opt.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& p = params[i];
+      std::ostringstream key;  // LibTorch's key: the parameter's TensorImpl address
+      key << p.unsafeGetTensorImpl();
+      auto it = opt.state().find(key.str());
+      if (!p.defined() || it == opt.state().end()) continue;
+      const o::OptimizerParamState* st = it->second.get();
+      std::vector<torch::Tensor> per_param;
+      if (auto* a = dynamic_cast<const o::AdamParamState*>(st))
+        per_param = {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+      else if (auto* w = dynamic_cast<const o::AdamWParamState*>(st))
+        per_param = {w->exp_avg(), w->exp_avg_sq(), w->max_exp_avg_sq()};
+      else if (auto* sgd = dynamic_cast<const o::SGDParamState*>(st))
+        per_param = {sgd->momentum_buffer()};
+      else if (auto* r = dynamic_cast<const o::RMSpropParamState*>(st))
+        per_param = {r->square_avg(), r->momentum_buffer(), r->grad_avg()};
+      else if (auto* ada = dynamic_cast<const o::AdagradParamState*>(st))
+        per_param = {ada->sum()};
+      for (const torch::Tensor& t : per_param)
+        if (t.defined() && t.sizes() != p.sizes())
+          return Status(Code::kInvalidArgument,
+                        "the optimizer's state for parameter " + std::to_string(i) + " of group " +
+                            std::to_string(g) + " has shape " + ShapeStr(t.sizes().vec()) +
+                            ", the parameter " + ShapeStr(p.sizes().vec()) +
+                            ": the checkpoint's optimizer was made for other parameters (another "
+                            "model, or the same in another order)");
+    }
+  }
+  return OkStatus();
+}
+
 // Applies a staged load. Optimizers first (the only step that can fail, on
 // an archive that does not fit): on failure every optimizer is restored and
 // nothing else was touched.
@@ -537,7 +579,7 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
       torch::serialize::InputArchive in;
       in.load_from(bytes->data(), static_cast<size_t>(bytes->size()), device);
       opt->load(in);
-      return OkStatus();
+      return CheckOptimizerState(*opt);
     });
     if (!s.ok()) {
       // LibTorch's load only adds and overwrites state entries: clear first,

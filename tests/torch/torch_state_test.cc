@@ -632,6 +632,59 @@ TEST(TorchStateTest, AFailedLoadLeavesModelAndOptimizerUntouched) {
 
 // LibTorch's optimizer load only adds state entries; a failed load must
 // still leave every optimizer as it was, fresh (empty) ones included.
+// LibTorch pairs optimizer state with parameters by position: the state of
+// another model's optimizer would load and fail at the next step(). The load
+// refuses it and leaves the optimizer as it was.
+TEST(TorchStateTest, AnOptimizerMadeForOtherParametersIsRefused) {
+  TempDir dir;
+  auto step_once = [](torch::nn::Linear& m, torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    m->forward(torch::ones({2, m->options.in_features()})).sum().backward();
+    opt.step();
+  };
+  torch::nn::Linear a(8, 16), b(16, 8);
+  torch::optim::Adam adam_a(a->parameters()), adam_b(b->parameters());
+  torch::optim::SGD sgd_a(a->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)),
+      sgd_b(b->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  step_once(a, adam_a);
+  step_once(a, sgd_a);
+  step_once(b, adam_b);
+  step_once(b, sgd_b);
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State saved{{"adam", adam_a}, {"sgd", sgd_a}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, saved));
+  for (const char* name : {"adam", "sgd"}) {
+    torch::optim::Optimizer& target = std::string(name) == "adam"
+                                          ? static_cast<torch::optim::Optimizer&>(adam_b)
+                                          : static_cast<torch::optim::Optimizer&>(sgd_b);
+    std::ostringstream before;
+    {
+      torch::serialize::OutputArchive out;
+      target.save(out);
+      out.save_to(before);
+    }
+    State into{{name, target}};
+    auto got = ckpt->Load(into);
+    ASSERT_FALSE(got.ok()) << name;
+    EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+    EXPECT_NE(got.status().message().find("made for other parameters"), std::string::npos)
+        << got.status();
+    std::ostringstream after;
+    {
+      torch::serialize::OutputArchive out;
+      target.save(out);
+      out.save_to(after);
+    }
+    EXPECT_EQ(before.str(), after.str()) << name << ": the optimizer changed";
+    step_once(b, target);  // and it still trains
+  }
+  // The same optimizers load into optimizers of the same model.
+  torch::optim::Adam adam_c(a->parameters());
+  State same{{"adam", adam_c}};
+  auto got = ckpt->Load(same);
+  EXPECT_TRUE(got.ok()) << got.status();
+}
+
 TEST(TorchStateTest, AnOptimizerThatDoesNotFitLeavesEveryOptimizerAsItWas) {
   TempDir dir;
   Net net, other;
