@@ -1282,7 +1282,6 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
                               bool we_hold_lock) {
   StorageBackend& backend = store.backend();
   FsckReport r;
-  CKPTIO_ASSIGN_OR_RETURN(auto keys, backend.List(""));
   if (!we_hold_lock) {
     // Look without taking the lock: a trainer opening its writer right now
     // must not find it held by fsck.
@@ -1290,9 +1289,13 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
     if (!locked.ok() && locked.status().code() != Code::kUnimplemented) return locked.status();
     r.writer_active = locked.ok() && *locked;
   }
+  // Listed after the lock test: temps listed before a writer took the lock
+  // (and swept them) would pass for its own.
+  CKPTIO_ASSIGN_OR_RETURN(auto keys, backend.List(""));
   // Steps with a temp object: with a live writer, those it is writing (it
   // swept every earlier writer's temps as it took the lock).
   std::set<int64_t> writing;
+  bool seen_writing = false;  // in_progress has a temp object, not just a guess
   for (const auto& key : keys) {
     if (!IsTempKey(key)) continue;
     if (!r.writer_active) r.problems.push_back({FsckProblem::Kind::kStaleTemp, -1, key});
@@ -1306,6 +1309,7 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
     // newer step (after a load fell back past it) is found by the former.
     for (const auto& s : steps)
       if (s.state == StepState::kTorn && writing.count(s.step)) r.in_progress = s.step;
+    seen_writing = r.in_progress.has_value();
     if (!r.in_progress && !steps.empty() && steps.back().state == StepState::kTorn)
       r.in_progress = steps.back().step;
   }
@@ -1314,10 +1318,13 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
     if (s.state == StepState::kTorn) {
       if (r.in_progress == s.step) continue;
       std::string detail = "no MANIFEST.json: an unfinished save";
-      if (r.writer_active)
-        detail += r.in_progress ? ", not the active writer's (it is writing step " +
-                                      std::to_string(*r.in_progress) + ")"
-                                : ", not the active writer's (it is between saves)";
+      if (seen_writing)
+        detail +=
+            ", not the active writer's (it is writing step " + std::to_string(*r.in_progress) + ")";
+      else if (r.writer_active)
+        detail +=
+            ", unless the active writer is saving it (between two objects: run fsck "
+            "again to tell)";
       r.problems.push_back({FsckProblem::Kind::kTornStep, s.step, std::move(detail)});
       continue;
     }

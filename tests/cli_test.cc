@@ -646,6 +646,12 @@ TEST_F(CliTest, VerifyChecksWhatLatestNames) {
   EXPECT_EQ(gone.exit_code, 1) << gone;
   EXPECT_NE(gone.out.find("LATEST: BAD"), std::string::npos) << gone;
   EXPECT_NE(gone.out.find("NOT_FOUND"), std::string::npos) << gone;
+  // No LATEST at all, beside committed steps.
+  ASSERT_EQ(::unlink((store_ + "/LATEST").c_str()), 0);
+  RunResult none = Ckptio({"verify", store_, "--all"});
+  EXPECT_EQ(none.exit_code, 1) << none;
+  EXPECT_NE(none.out.find("LATEST: BAD"), std::string::npos) << none;
+  EXPECT_NE(none.out.find("there is no LATEST"), std::string::npos) << none;
 }
 
 // A step that cannot be read (here: permission) is not called corrupt, and

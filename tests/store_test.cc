@@ -820,7 +820,16 @@ TEST_F(StoreTest, CheckBesideALiveWriterFindsASaveBelowANewerTornStep) {
   EXPECT_EQ(report.problems[0].step, 9);
   EXPECT_NE(report.problems[0].detail.find("writing step 3"), std::string::npos)
       << report.problems[0].detail;
+  // Between two objects nothing tells which torn step is being written: the
+  // newest is taken to be, and the other is not called someone else's.
   CKPTIO_ASSERT_OK(stream->Close());
+  CKPTIO_ASSERT_OK_AND_ASSIGN(report, store_->Check());
+  EXPECT_EQ(report.in_progress, 9);
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_EQ(report.problems[0].step, 3);
+  EXPECT_NE(report.problems[0].detail.find("unless the active writer is saving it"),
+            std::string::npos)
+      << report.problems[0].detail;
   CKPTIO_ASSERT_OK(pending->Commit().status());
 }
 

@@ -128,11 +128,18 @@ SavePlan Plan(const State& state) {
   return plan;
 }
 
-// Item names are unique (one ckptio.item.<name>
-// entry each, so a module and a tensor both named "x" would save but never
-// load), and a module's or optimizer's name is usable in its object's name.
+// Item names are unique (one ckptio.item.<name> entry each, so a module and
+// a tensor both named "x" would save but never load), and a module's or
+// optimizer's name is usable in its object's name. A save also keeps room
+// for ".part-N.safetensors" and refuses names a striped part could take
+// ("model.part-1" beside "model"); a load accepts whatever a save made.
 constexpr size_t kMaxItemName = 160;  // + ".part-N.safetensors" fits kMaxKeyComponent
-Status CheckNames(const State& state) {
+bool EndsLikeAPart(const std::string& name) {
+  const size_t dot = name.rfind(".part-");
+  return dot != std::string::npos && dot + 6 < name.size() &&
+         name.find_first_not_of("0123456789", dot + 6) == std::string::npos;
+}
+Status CheckNames(const State& state, bool saving) {
   std::map<std::string, StateItem::Kind> seen;
   auto kind_name = [](StateItem::Kind k) {
     return k == StateItem::Kind::kModule      ? "a module"
@@ -154,12 +161,12 @@ Status CheckNames(const State& state) {
     }
     Status s = ValidateObjectName(item.kind() == StateItem::Kind::kModule ? ModuleObject(name)
                                                                           : OptimizerObject(name));
-    if (name.empty() || name.size() > kMaxItemName || !s.ok())
+    if (name.empty() || !s.ok() || (saving && (name.size() > kMaxItemName || EndsLikeAPart(name))))
       return Status(Code::kInvalidArgument,
                     std::string(kind_name(item.kind())) + " is named \"" + Printable(name) +
                         "\", which cannot name its object in the store: module and optimizer "
-                        "names are 1 to 160 of [A-Za-z0-9._-], not starting with '.' (tensor "
-                        "names may be any UTF-8)");
+                        "names are 1 to 160 of [A-Za-z0-9._-], not starting with '.' nor "
+                        "ending in .part-<digits> (tensor names may be any UTF-8)");
   }
   auto module = seen.find("tensors");
   if (loose && module != seen.end() && module->second == StateItem::Kind::kModule)
@@ -170,8 +177,8 @@ Status CheckNames(const State& state) {
 }
 
 // Before a save or load: the previous save's outcome, else CheckNames.
-Status Ready(Status previous, const State& state) {
-  return previous.ok() ? CheckNames(state) : previous;
+Status Ready(Status previous, const State& state, bool saving) {
+  return previous.ok() ? CheckNames(state, saving) : previous;
 }
 
 std::string PartObject(const std::string& object, int rank) {
@@ -519,17 +526,30 @@ void ApplyTensors(Staged& staged, State& state);
 // (or, for parameters of equal shapes in another order, trains on the wrong
 // moments). Every per-parameter state tensor of the built-in optimizers
 // must have its parameter's shape.
+// The key LibTorch files a parameter's state under: its TensorImpl's
+// address, as text before LibTorch 2, the pointer itself since.
+template <typename Key>
+Key StateKey(c10::TensorImpl* impl) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << impl;
+    return text.str();
+  } else {
+    return impl;
+  }
+}
+
 Status CheckOptimizerState(const torch::optim::Optimizer& opt) {
   namespace o = torch::optim;
+  using Key = std::decay_t<decltype(opt.state())>::key_type;
   const auto& groups = opt.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& params = groups[g].params();
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& p = params[i];
-      std::ostringstream key;  // LibTorch's key: the parameter's TensorImpl address
-      key << p.unsafeGetTensorImpl();
-      auto it = opt.state().find(key.str());
-      if (!p.defined() || it == opt.state().end()) continue;
+      if (!p.defined()) continue;
+      auto it = opt.state().find(StateKey<Key>(p.unsafeGetTensorImpl()));
+      if (it == opt.state().end()) continue;
       const o::OptimizerParamState* st = it->second.get();
       std::vector<torch::Tensor> per_param;
       if (auto* a = dynamic_cast<const o::AdamParamState*>(st))
@@ -633,7 +653,10 @@ void ApplyTensors(Staged& staged, State& state) {
   // As torch::load: the caller's tensor stays the same tensor (an optimizer
   // holding it sees the loaded values) and keeps requires_grad.
   for (auto& [target, loaded] : staged.tensors) {
-    if (!target->defined())
+    // A tensor from .detach() or .data(), or an inference tensor, refuses
+    // set_ and set_data: it is rebound, as before (nothing here may throw).
+    if (!target->defined() || target->is_inference() ||
+        !target->unsafeGetTensorImpl()->allow_tensor_metadata_change())
       *target = loaded;
     else if (target->device() == loaded.device() && target->dtype() == loaded.dtype())
       target->set_(loaded);
@@ -849,7 +872,7 @@ Status Checkpointer::Abandon(int64_t step, const std::string& attempt, Status er
 
 Status Checkpointer::Save(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
-  Status previous = Ready(FinishAsync(), state);
+  Status previous = Ready(FinishAsync(), state, /*saving=*/true);
   if (!previous.ok()) return Abandon(step, attempt, previous);
   return SaveNow(step, attempt, PlanFor(state));
 }
@@ -879,7 +902,8 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     promise.set_value(std::move(s));
     return std::move(future);
   };
-  if (Status names = CheckNames(state); !names.ok()) return done_now(Abandon(step, attempt, names));
+  if (Status names = CheckNames(state, /*saving=*/true); !names.ok())
+    return done_now(Abandon(step, attempt, names));
   SavePlan plan = PlanFor(state);
   {
     // Staging: every tensor copied, 64-byte aligned, into one reused buffer.
@@ -1154,7 +1178,7 @@ Status Checkpointer::Ticket::Wait() {
 
 Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
-  Status previous = Ready(FinishAsync(), state);
+  Status previous = Ready(FinishAsync(), state, /*saving=*/true);
   if (!previous.ok()) return Abandon(step, attempt, previous);
   if (options_.stripe && rank_.world_size > 1)
     return Status(Code::kInvalidArgument,
@@ -1246,7 +1270,7 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
   const std::string what = rank_.ToString() + ": load";
   // Named first: every rank counts every call, whatever happens next.
   const std::string decision = scope_ + "-load-" + std::to_string(++load_seq_);
-  Status previous = Ready(FinishAsync(), state);
+  Status previous = Ready(FinishAsync(), state, /*saving=*/false);
   if (!previous.ok()) {
     if (rank_.rank == 0 && rank_.world_size > 1)  // the others wait for a decision: this one
       (void)PublishDecision(decision, DecisionText({{"code", static_cast<int>(previous.code())},

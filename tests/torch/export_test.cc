@@ -196,6 +196,17 @@ TEST(ExportTest, ReplacingKeepsTheModeAndTheSymlink) {
   ASSERT_EQ(::stat(real.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
   EXPECT_GT(st.st_size, 100) << "the export went to the link's target";
+  // A relative link to a file not there yet: the file is made where it points.
+  ASSERT_EQ(::mkdir(dir.Sub("sub").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink("new.pt", dir.Sub("sub/last.pt").c_str()), 0);
+  said = Shell(
+      std::string(bin) + "/ckptio export " + dir.Sub("store") + " 1 -o " + dir.Sub("sub/last.pt"),
+      &rc);
+  ASSERT_EQ(rc, 0) << said;
+  ASSERT_EQ(::lstat(dir.Sub("sub/last.pt").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  ASSERT_EQ(::stat(dir.Sub("sub/new.pt").c_str(), &st), 0) << said;
+  EXPECT_GT(st.st_size, 100);
 
   auto store = OpenStore(dir.Sub("bare"));
   ASSERT_TRUE(store.ok()) << store.status();
@@ -234,6 +245,7 @@ TEST(ExportTest, UsageErrorsExitTwoAndStoreProblemsOne) {
       {store + " 1 -o ''", 2, "names no file"},
       {store + " 1 -o " + dir.path() + "/", 2, "names no file"},
       {store + " 1 -o " + dir.path(), 2, "is a folder"},
+      {store + " 1 -o /dev/null", 2, "is not a regular file"},
   };
   for (const Case& c : cases) {
     int rc = 0;

@@ -69,13 +69,16 @@ Result<uint64_t> CommittedBytes(Store& store) {
 }
 
 struct StepVerdict {
-  int64_t step;
+  int64_t step = 0;
   std::vector<std::string> errors;  // empty when the step verifies
   bool corrupt = false;             // some error is DATA_LOSS: damage fsck --repair retires
   bool unreadable = false;          // some other error (access, I/O): not judged
 
+  std::string first_damage;  // the first DATA_LOSS error
+
   void Add(const Status& s) {
     errors.push_back(s.ToString());
+    if (s.code() == Code::kDataLoss && !corrupt) first_damage = errors.back();
     (s.code() == Code::kDataLoss ? corrupt : unreadable) = true;
   }
   std::string_view Label() const { return corrupt ? "BAD" : unreadable ? "NOT VERIFIED" : "OK"; }
@@ -84,7 +87,8 @@ struct StepVerdict {
 // Verifies every object of a step, collecting every problem (not just the
 // first) so that the report names all the damage.
 StepVerdict VerifyStep(Store& store, int64_t step, Progress& progress) {
-  StepVerdict v{step, {}};
+  StepVerdict v;
+  v.step = step;
   auto reader = store.OpenStep(step);
   if (!reader.ok()) {
     v.Add(reader.status());
@@ -124,7 +128,7 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
       StepVerdict v = VerifyStep(**store, s.step, progress);
       if (v.corrupt) s.state = StepState::kCorrupt;
       if (!v.errors.empty()) {
-        s.problem = (v.corrupt ? "" : "not verified: ") + v.errors.front();
+        s.problem = v.corrupt ? v.first_damage : "not verified: " + v.errors.front();
         all_good = false;
       }
     }
@@ -196,6 +200,8 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
     if (latest.ok() && latest->has_value() &&
         (*store)->OpenStep((*latest)->step).status().code() != Code::kDataLoss)
       s = (*store)->OpenLatest().status();
+    if (s.ok() && latest.ok() && !latest->has_value() && !targets.empty())
+      s = Status(Code::kNotFound, "there is no LATEST, although steps are committed");
     if (!s.ok()) latest_error = s;
   }
   uint64_t total = 0;
@@ -205,13 +211,7 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
   }
   Progress progress(total);
   for (int64_t step : targets) {
-    StepVerdict v = VerifyStep(**store, step, progress);
-    auto it = std::find_if(verdicts.begin(), verdicts.end(),
-                           [&](const StepVerdict& x) { return x.step == step; });
-    if (it != verdicts.end())
-      it->errors.insert(it->errors.end(), v.errors.begin(), v.errors.end());
-    else
-      verdicts.push_back(std::move(v));
+    verdicts.push_back(VerifyStep(**store, step, progress));
   }
   progress.Done();
   // LATEST naming a missing step, or another manifest than the step's, is

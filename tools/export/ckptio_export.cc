@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -58,15 +59,27 @@ class DurableFile {
     bool keep_mode = false;
     if (::lstat(path_.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
       char* target = ::realpath(path_.c_str(), nullptr);
-      if (target == nullptr)
+      if (target != nullptr) {
+        path_ = target;
+        std::free(target);
+      } else if (errno == ENOENT) {  // a link to a file not there yet: made there
+        char link[4096];
+        ssize_t n = ::readlink(path_.c_str(), link, sizeof link - 1);
+        if (n <= 0) return ckptio::ErrnoToStatus(errno, "readlink " + path_);
+        const std::string to(link, static_cast<size_t>(n));
+        const size_t slash = path_.rfind('/');
+        path_ = to[0] == '/' || slash == std::string::npos ? to : path_.substr(0, slash + 1) + to;
+      } else {
         return ckptio::ErrnoToStatus(errno, "-o " + path_ + " is a symlink; resolving it");
-      path_ = target;
-      std::free(target);
+      }
     }
     if (::stat(path_.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode))
         return Status(Code::kInvalidArgument,
                       "-o " + path_ + " is a folder: name the file, e.g. -o " + path_ + "/step.pt");
+      if (!S_ISREG(st.st_mode))  // a device (/dev/null), FIFO or socket is never replaced
+        return Status(Code::kInvalidArgument,
+                      "-o " + path_ + " exists and is not a regular file: name a file");
       mode = st.st_mode & 07777;
       keep_mode = true;
     }
