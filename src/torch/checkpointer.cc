@@ -521,11 +521,6 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
 
 void ApplyTensors(Staged& staged, State& state);
 
-// LibTorch's Optimizer::load pairs state with parameters by position only:
-// the state of another model's optimizer loads, and the next step() throws
-// (or, for parameters of equal shapes in another order, trains on the wrong
-// moments). Every per-parameter state tensor of the built-in optimizers
-// must have its parameter's shape.
 // The key LibTorch files a parameter's state under: its TensorImpl's
 // address, as text before LibTorch 2, the pointer itself since.
 template <typename Key>
@@ -539,6 +534,11 @@ Key StateKey(c10::TensorImpl* impl) {
   }
 }
 
+// LibTorch's Optimizer::load pairs state with parameters by position only:
+// the state of another model's optimizer loads, and the next step() throws
+// (or, for parameters of equal shapes in another order, trains on the wrong
+// moments). Every per-parameter state tensor of the built-in optimizers
+// must have its parameter's shape.
 Status CheckOptimizerState(const torch::optim::Optimizer& opt) {
   namespace o = torch::optim;
   using Key = std::decay_t<decltype(opt.state())>::key_type;
