@@ -11,9 +11,11 @@
 # ctest (e.g. -R Manifest; the NFS lock pass under TSan then does not run).
 # The last line is the summary:
 #   "ctest: N passed, N failed, N skipped"
+# after a "failed tests:" list naming each failure and its pass, if any.
 set -euo pipefail
 
 passed=0 failed=0 skipped=0 status=0 summarized=0 filtered=$#
+failures="" # "pass: test" lines, repeated above the summary
 log=$(mktemp)
 # The summary is the last line even when a build stops the script early
 # (set -e): the stop counts as one more failure.
@@ -21,9 +23,17 @@ on_exit() {
   local rc=$?
   rm -f "$log"
   if [ "$summarized" = 0 ]; then
+    list_failures
     echo "test.sh: stopped early (exit $rc), most likely a build failed: see above"
     echo "ctest: $passed passed, $((failed + 1)) failed, $skipped skipped"
   fi
+}
+# list_failures: every failed test of every pass, so that the end of the output
+# (all a CI log's tail may show) names them.
+list_failures() {
+  [ -n "$failures" ] || return 0
+  echo "failed tests:"
+  printf '%s' "$failures"
 }
 trap on_exit EXIT
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
@@ -50,6 +60,7 @@ count() {
   summary=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)
   if [ -z "$summary" ]; then
     echo "$label: ctest printed no summary (exit $rc)"
+    failures+="  $label: ctest printed no summary (exit $rc)"$'\n'
     status=1
     failed=$((failed + 1))
     return
@@ -59,6 +70,10 @@ count() {
   t=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$summary")
   s=$(grep -c '(Skipped)' "$log" || true)
   passed=$((passed + t - f - s)) failed=$((failed + f)) skipped=$((skipped + s))
+  # ctest's "The following tests FAILED:" list: "<tab>N - name (Failed)".
+  local names
+  names=$(sed -n '/^The following tests FAILED:/,/^[^[:space:]]/s/^[[:space:]]\+[0-9]\+ - /  '"$label"': /p' "$log")
+  [ -z "$names" ] || failures+="$names"$'\n'
   [ "$rc" = 0 ] || status=$rc
 }
 
@@ -109,5 +124,6 @@ if [ "${CKPTIO_FUZZ:-1}" != 0 ]; then
   [ "$ff" = 0 ] || status=1
 fi
 summarized=1
+list_failures
 echo "ctest: $passed passed, $failed failed, $skipped skipped"
 exit "$status"
