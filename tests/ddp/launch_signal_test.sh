@@ -58,22 +58,33 @@ echo "ranks ended with a SIGKILLed launcher"
 # 3. Ranks that ignore SIGTERM: killed --grace seconds after a forwarded one,
 #    and at once after a second one.
 m3=$((marker + 2))
-"$bin/ckptio-launch" -n 2 --grace 1 -- sh -c "trap '' TERM; sleep $m3 & wait" 2>/dev/null &
+"$bin/ckptio-launch" -n 2 --grace 3 -- sh -c "trap '' TERM; sleep $m3 & wait" 2>/dev/null &
 launcher=$!
 started "$m3" 2
 kill -TERM "$launcher"
 sleep 0.5
 left "$m3" || { echo "FAIL: SIGTERM-ignoring ranks ended before --grace"; exit 1; }
-if ! gone_within "$m3" 5; then
-  echo "FAIL: ranks ignoring SIGTERM outlived --grace 1 by 5 s: $(pgrep -fa "sleep $m3")"
+if ! gone_within "$m3" 8; then
+  echo "FAIL: ranks ignoring SIGTERM outlived --grace 3 by 5 s: $(pgrep -fa "sleep $m3")"
   exit 1
 fi
 wait "$launcher" || true
-"$bin/ckptio-launch" -n 2 --grace 600 -- sh -c "trap '' TERM; sleep $m3 & wait" 2>/dev/null &
+# Each rank notes in $got that it is set up and then the forwarded SIGTERM
+# (its sleep ignores it), so the second is sent only after the launcher
+# passed the first on: two sent at once could reach it as one.
+got=$(mktemp)
+noted() {  # noted WORD: waits until both ranks wrote WORD to $got
+  for _ in $(seq 1 50); do [ "$(grep -c "^$1$" "$got")" -ge 2 ] && return 0; sleep 0.1; done
+  return 1
+}
+"$bin/ckptio-launch" -n 2 --grace 600 -- sh -c \
+  "trap '' TERM; sleep $m3 & trap 'echo TERM >>$got' TERM; echo up >>$got; while :; do wait; done" \
+  2>/dev/null &
 launcher=$!
-started "$m3" 2
+noted up || { echo "FAIL: the ranks did not start"; exit 1; }
 kill -TERM "$launcher"
-sleep 0.3
+noted TERM || { echo "FAIL: the launcher did not forward SIGTERM to both ranks"; exit 1; }
+rm -f "$got"
 kill -TERM "$launcher"
 if ! gone_within "$m3" 3; then
   echo "FAIL: a second SIGTERM did not kill the ranks: $(pgrep -fa "sleep $m3")"

@@ -614,8 +614,9 @@ bool BigObjectBeingWritten(const std::string& path, int64_t step) {
 }
 
 // A waiter's report of a save or decision rank 0 never committed, rank 0
-// SIGKILLed at kill_ns: with the file lock ABORTED saying `died` within 1 s
-// of the kill (never before it), otherwise DeadlineExceeded at the deadline
+// SIGKILLed at kill_ns: with the file lock ABORTED saying `died` well before
+// the deadline (at once, but a loaded machine may tear a killed process down
+// slowly; never before the kill), otherwise DeadlineExceeded at the deadline
 // `timeout` after the waiter began at wait_ns. Returns the ms it took after
 // the kill (file lock) or after it began to wait.
 int64_t ExpectKilledRankZerosWaiter(WaitMode mode, const SaveReport& rep, const std::string& died,
@@ -625,7 +626,8 @@ int64_t ExpectKilledRankZerosWaiter(WaitMode mode, const SaveReport& rep, const 
     EXPECT_NE(rep.message.find(died), std::string::npos) << rep.message;
     EXPECT_GE(rep.t_ns, kill_ns) << "called the writer dead while it was alive";
     const int64_t after_ms = (rep.t_ns - kill_ns) / 1000000;
-    EXPECT_LT(after_ms, 1000) << "the death should be noticed within 1 s of the kill";
+    EXPECT_LT(after_ms, timeout.count() / 2)
+        << "the death should be noticed well before the deadline";
     return after_ms;
   }
   EXPECT_EQ(rep.code, Code::kDeadlineExceeded) << rep.message;
@@ -650,9 +652,9 @@ int LoadAndSay(RankEnv& me) {
 }
 
 // Rank 0 commits step 1, then is SIGKILLed while writing step 2's 64 MiB
-// tensor. The waiters' Save(2) never returns OK: "writer died" within ~1 s
-// of the kill with the file lock, DeadlineExceeded naming the step at the
-// 4 s deadline otherwise. A relaunch (new job id, new processes) loads the
+// tensor. The waiters' Save(2) never returns OK: "writer died" at once
+// (well before the deadline) with the file lock, DeadlineExceeded naming the
+// step at the 4 s deadline otherwise. A relaunch (new job id, new processes) loads the
 // last committed step on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
   constexpr milliseconds kWaitTimeout(4000);
@@ -982,7 +984,8 @@ void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int tria
       EXPECT_NE(rep->message.find("writer died"), std::string::npos) << rep->message;
       EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
       EXPECT_GE(rep->t_ns, kill_ns) << "called the writer dead while it was alive";
-      EXPECT_LT(after_kill_ms, 1000) << "the death should be noticed within 1 s of the kill";
+      EXPECT_LT(after_kill_ms, wait_timeout.count() / 2)
+          << "the death should be noticed well before the deadline";
     } else {
       EXPECT_TRUE(rep->code == Code::kDeadlineExceeded || rep->code == Code::kUnavailable)
           << rep->message;
@@ -1053,13 +1056,13 @@ void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int tria
 // Rank 0 is SIGKILLed at a random point of Save(2) (before, during or after
 // its commit; delays up to 1.5x its measured Save(1)), T times per mode, with
 // a 1-32 MiB tensor in the state. Whatever the timing: no waiter returns OK
-// for a step that is not committed (file lock: "writer died" within 1 s;
-// otherwise the deadline); a waiter told OK
+// for a step that is not committed (file lock: "writer died" well before
+// the deadline; otherwise the deadline); a waiter told OK
 // finds the step whole; step 1 always verifies; a restart loads the same
 // step (2 if committed, else 1) on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledAtRandomPointsNeverLetsAWaiterPassEarly) {
   const int trials = mode() == WaitMode::kFileLock ? 10 : 3;
-  constexpr milliseconds kWaitTimeout(2000);
+  constexpr milliseconds kWaitTimeout(4000);  // also Save(1)'s, on a loaded machine
   KillTally tally;
   for (int trial = 0; trial < trials; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
@@ -1084,9 +1087,10 @@ TEST_P(TorchRanksTest, RankZeroKilledAtRandomPointsNeverLetsAWaiterPassEarly) {
 
 // ---------------------------------------------------------------- d. non-blocking
 
-// The waiting ranks' SaveNonBlocking returns at once; Poll() is false while
-// rank 0 sleeps 300 ms before saving, never true before rank 0 began; Wait()
-// is OK once committed, and the step is then theirs bit-for-bit.
+// The waiting ranks' SaveNonBlocking returns while rank 0 has not begun to
+// save (it saves only once every waiter's ticket returned, and was polled
+// false); Poll() is never true before rank 0 began; Wait() is OK once
+// committed, and the step is then theirs bit-for-bit.
 TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
   constexpr int64_t kStep = 1;
   const Launch launch = NewLaunch();
@@ -1100,7 +1104,8 @@ TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
     if (me.Hear(milliseconds(20000)) != std::optional<std::string>("go"))
       return Fail(me.rank, kExitPipe, "no go");
     if (me.rank == 0) {
-      std::this_thread::sleep_for(milliseconds(300));
+      if (me.Hear(milliseconds(30000)) != std::optional<std::string>("save"))
+        return Fail(0, kExitPipe, "no save");
       me.Say("saving " + std::to_string(NowNs()));
       auto ticket = (*ckpt)->SaveNonBlocking(kStep, state);
       if (!ticket.ok()) return Fail(0, kExitSaveFailed, ticket.status().ToString());
@@ -1117,17 +1122,15 @@ TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
     if (!ticket.ok()) return Fail(me.rank, kExitSaveFailed, ticket.status().ToString());
     if (ticket->step() != kStep) return Fail(me.rank, kExitPoll, "the ticket names another step");
     auto first = ticket->Poll();
-    const int64_t t_first = NowNs();
     if (!first.ok()) return Fail(me.rank, kExitPoll, first.status().ToString());
+    me.Say("returned " + std::to_string((t1 - t0) / 1000) + " " + std::to_string(*first));
     std::this_thread::sleep_for(milliseconds(100));
     auto second = ticket->Poll();
     const int64_t t_second = NowNs();
     if (!second.ok()) return Fail(me.rank, kExitPoll, second.status().ToString());
     Status s = ticket->Wait();
     const int64_t t_wait = NowNs();
-    me.Say("polls " + std::to_string((t1 - t0) / 1000) + " " + std::to_string(*first) + " " +
-           std::to_string(t_first) + " " + std::to_string(*second) + " " +
-           std::to_string(t_second));
+    me.Say("polled " + std::to_string(*second) + " " + std::to_string(t_second));
     me.Say(FormatRet(s, t_wait));
     if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
     auto after = ticket->Poll();
@@ -1141,22 +1144,27 @@ TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
     ASSERT_TRUE(ranks.Await(r, "ready", milliseconds(20000)).has_value())
         << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
   for (int r = 0; r < kWorld; ++r) ranks.Tell(r, "go");
+  // Rank 0 waits for "save": a waiter whose SaveNonBlocking blocked until
+  // rank 0's save would never say "returned".
+  int64_t max_return_us = 0;
+  for (int r = 1; r < kWorld; ++r) {
+    auto p = ranks.Await(r, "returned", milliseconds(20000));
+    ASSERT_TRUE(p.has_value() && p->size() == 2u)
+        << "rank " << r << "'s SaveNonBlocking did not return before rank 0 saved; exit "
+        << ranks.child(r).ExitCode(milliseconds(2000));
+    max_return_us = std::max<int64_t>(max_return_us, std::stoll((*p)[0]));
+    EXPECT_EQ((*p)[1], "0") << "rank " << r << ": Poll() true before rank 0 began to save";
+  }
+  ranks.Tell(0, "save");
   auto saving = ranks.Await(0, "saving", milliseconds(10000));
   ASSERT_TRUE(saving.has_value() && saving->size() == 1u);
   const int64_t save_ns = std::stoll((*saving)[0]);
-  int64_t max_return_us = 0;
   for (int r = 1; r < kWorld; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    auto p = ranks.Await(r, "polls", milliseconds(20000));
-    ASSERT_TRUE(p.has_value() && p->size() == 5u) << ranks.child(r).ExitCode(milliseconds(2000));
-    const int64_t return_us = std::stoll((*p)[0]);
-    max_return_us = std::max(max_return_us, return_us);
-    EXPECT_LT(return_us, 50000) << "SaveNonBlocking blocked a waiting rank";
-    EXPECT_EQ((*p)[1], "0") << "Poll() true at once, while rank 0 slept";
-    for (int i : {1, 3}) {
-      if ((*p)[i] == "1") {
-        EXPECT_GE(std::stoll((*p)[i + 1]), save_ns) << "Poll() true before rank 0 saved";
-      }
+    auto p = ranks.Await(r, "polled", milliseconds(20000));
+    ASSERT_TRUE(p.has_value() && p->size() == 2u) << ranks.child(r).ExitCode(milliseconds(2000));
+    if ((*p)[0] == "1") {
+      EXPECT_GE(std::stoll((*p)[1]), save_ns) << "Poll() true before rank 0 saved";
     }
     auto rep = ParseRet(ranks.AwaitLine(r, "ret", milliseconds(20000)));
     ASSERT_TRUE(rep.has_value());
@@ -1166,8 +1174,8 @@ TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
   EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
   if (HasFailure()) return;
   std::printf(
-      "torch-ranks: %s: SaveNonBlocking returned in <= %lld us on %d waiters; Poll() false while "
-      "rank 0 slept 300 ms; Wait() OK after the commit, step verified bit-for-bit\n",
+      "torch-ranks: %s: SaveNonBlocking returned in <= %lld us on %d waiters, before rank 0 began "
+      "to save; Poll() false until then; Wait() OK after the commit, step verified bit-for-bit\n",
       mode_name().c_str(), static_cast<long long>(max_return_us), kWorld - 1);
 }
 
@@ -1249,8 +1257,8 @@ TEST_P(TorchRanksTest, LoadWaitsForASlowRankZerosDecision) {
 // A job restarts from step 1, and rank 0 is SIGKILLed after its Open,
 // before it decides which step to load, while the others wait in Load for
 // that decision. File lock: rank 0 holds the save lock from its Open on, so
-// they return ABORTED "writer died" within 1 s of the kill; the other modes
-// wait to the deadline. Either way none loads anything, and a relaunch
+// they return ABORTED "writer died" at once (well before the deadline); the
+// other modes wait to the deadline. Either way none loads anything, and a relaunch
 // loads step 1 on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
   constexpr milliseconds kWaitTimeout(4000);

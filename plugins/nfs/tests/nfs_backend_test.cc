@@ -1126,10 +1126,10 @@ TEST_P(NfsV3Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
 // save take two timeout_ms to fail.) Both locks are then free again.
 TEST_P(NfsV4Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
   std::atomic<bool> stuck{false};
-  auto holder = Backend("lease_ms=3000&timeout_ms=10000");  // renewed every second
+  auto holder = Backend("lease_ms=6000&timeout_ms=10000");  // renewed every 2 s
   ASSERT_TRUE(holder);
   {
-    // (The first renewal comes a second after the first lock is taken.)
+    // (The first renewal comes 2 s after the first lock is taken.)
     nfs_hooks::Scope scope(FirstRenewalReadStuck(&stuck));
     auto first = holder->TryLock("a");  // renewed first (the table is sorted)
     auto second = holder->TryLock("b");
@@ -1150,9 +1150,13 @@ TEST_P(NfsV4Faults, AReleaseDoesNotWaitForARenewalStuckOnTheServer) {
     released = Clock::now();
     first->reset();
     EXPECT_LT(MsSince(released), 1000) << "the release waited for its lock's stuck renewal";
-    std::this_thread::sleep_for(milliseconds(3500));  // the stuck renewal ends, and unlocks
-    taken = backend_->TryLock("a");
-    EXPECT_TRUE(taken.ok()) << "the stuck renewal did not unlock the released lock: "
+    // The stuck renewal ends (3 s after it began), and unlocks.
+    const auto stuck_since = Clock::now();
+    do {
+      std::this_thread::sleep_for(milliseconds(100));
+      taken = backend_->TryLock("a");
+    } while (!taken.ok() && Clock::now() - stuck_since < milliseconds(10000));
+    EXPECT_TRUE(taken.ok()) << "the stuck renewal did not unlock the released lock within 10 s: "
                             << taken.status();
   }
   holder.reset();  // joins the keepalive thread before the hook's captures go

@@ -29,14 +29,15 @@ using ckptio::testing::TempDir;
 ckptio::testing::BackendHarness PosixHarness() {
   ckptio::testing::BackendHarness h;
   h.name = "posix";
-  // One parent directory for the binary; a new subdirectory per location.
-  static TempDir* parent = new TempDir();
+  // One parent directory for the process (removed at its exit); a new
+  // subdirectory per location.
+  static TempDir parent;
   static int next_store = 0;  // gtest may copy the harness: keep counting here
   h.make = [root = std::make_shared<std::string>(),
             n = &next_store](bool same_location) -> std::unique_ptr<ckptio::StorageBackend> {
     if (!same_location || root->empty()) {
       // An empty store; a missing root is NotFound (see MissingStore... below).
-      *root = parent->Sub("store-" + std::to_string((*n)++));
+      *root = parent.Sub("store-" + std::to_string((*n)++));
       ::mkdir(root->c_str(), 0755);
     }
     auto b = ckptio::NewPosixBackend(*root);
