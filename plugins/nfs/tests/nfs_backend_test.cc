@@ -1066,7 +1066,7 @@ nfs_hooks::Hooks FirstRenewalReadStuck(std::atomic<bool>* stuck) {
 // though no remount is tried for timeout_ms: the lock outlives its lease
 // and another client cannot break it.
 TEST_P(NfsV3Faults, ATimeoutOnTheDataConnectionKeepsTheLeaseRenewed) {
-  auto holder = Backend("lease_ms=1000&timeout_ms=4000");
+  auto holder = Backend("lease_ms=2000&timeout_ms=8000");  // renewed every 667 ms
   ASSERT_TRUE(holder);
   auto lock = holder->TryLock("lk");
   ASSERT_TRUE(lock.ok()) << lock.status();
@@ -1081,7 +1081,7 @@ TEST_P(NfsV3Faults, ATimeoutOnTheDataConnectionKeepsTheLeaseRenewed) {
     ASSERT_FALSE(info.ok());
     EXPECT_TRUE(Contains(info.status().message(), "did not answer within")) << info.status();
   }
-  std::this_thread::sleep_for(milliseconds(2500));  // 2.5 leases, inside timeout_ms
+  std::this_thread::sleep_for(milliseconds(5000));  // 2.5 leases, inside timeout_ms
   auto taken = backend_->TryLock("lk");
   ASSERT_FALSE(taken.ok()) << "another client broke the lock while its holder was renewing it";
   EXPECT_EQ(taken.status().code(), Code::kFailedPrecondition) << taken.status();
@@ -1465,16 +1465,16 @@ TEST_P(NfsV3Faults, ABreakerNeverDeletesALeaseItCouldNotRead) {
 // NFSv3 lease locks: a renewal that finds the lease file missing (a
 // breaker's move aside, put back a moment later) does not give the lock up.
 TEST_P(NfsV3Faults, ARenewalRidesOutALeaseBrieflyMovedAside) {
-  auto holder = Backend("lease_ms=1500");  // renewed every 500 ms
+  auto holder = Backend("lease_ms=3000");  // renewed every second
   ASSERT_TRUE(holder);
   auto lock = holder->TryLock("lk");
   ASSERT_TRUE(lock.ok()) << lock.status();
   const std::string lk = dir_ + "/lk", aside = dir_ + "/lk.aside";
   ASSERT_EQ(std::rename(lk.c_str(), aside.c_str()), 0);
-  std::this_thread::sleep_for(milliseconds(1100));  // at least one renewal finds it gone
+  std::this_thread::sleep_for(milliseconds(2200));  // at least one renewal finds it gone
   ASSERT_EQ(std::rename(aside.c_str(), lk.c_str()), 0);
   const std::string put_back = ReadLocal(lk);
-  std::this_thread::sleep_for(milliseconds(1200));
+  std::this_thread::sleep_for(milliseconds(2400));
   EXPECT_NE(ReadLocal(lk), put_back) << "renewal stopped after the lease file briefly vanished";
   auto locked = holder->IsLocked("lk");
   ASSERT_TRUE(locked.ok()) << locked.status();
@@ -1485,8 +1485,8 @@ TEST_P(NfsV3Faults, ARenewalRidesOutALeaseBrieflyMovedAside) {
 // WRITE that takes longer than the lease (a slow COMMIT, a call waiting
 // out its timeout) does not let another client break a live holder's lease.
 TEST_P(NfsV3Faults, ALeaseIsRenewedWhileTheDataConnectionIsBusy) {
-  auto holder = Backend("lease_ms=1000");
-  auto other = Backend("lease_ms=1000");
+  auto holder = Backend("lease_ms=2000");
+  auto other = Backend("lease_ms=2000");
   ASSERT_TRUE(holder && other);
   auto lock = holder->TryLock("lk");
   ASSERT_TRUE(lock.ok()) << lock.status();
@@ -1502,14 +1502,14 @@ TEST_P(NfsV3Faults, ALeaseIsRenewedWhileTheDataConnectionIsBusy) {
     h.pwrite = [&](nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, const void* buf) {
       if (std::this_thread::get_id() == writer_thread && !slowed.exchange(true)) {
         writing.set_value();
-        std::this_thread::sleep_for(milliseconds(3000));  // holds the data connection
+        std::this_thread::sleep_for(milliseconds(6000));  // holds the data connection
       }
       return nfs_hooks::RealPwrite(n, fh, off, count, buf);
     };
     nfs_hooks::Scope scope(h);
     auto thief = std::async(std::launch::async, [&] {
       writing.get_future().wait();
-      std::this_thread::sleep_for(milliseconds(2000));  // twice the lease
+      std::this_thread::sleep_for(milliseconds(4000));  // twice the lease
       stolen = other->TryLock("lk");
     });
     ASSERT_TRUE((*w)->Append(big.data(), big.size()).ok());
