@@ -44,7 +44,13 @@ for t in "${targets[@]}"; do
   else
     tail -40 "$log"
     repro=$(ls "$out"/crash-"$t"-* 2>/dev/null | head -1 || true)
-    echo "fuzz $t: FAILED (reproducer: ${repro:-none written})"
+    # The seed and the input itself, so that a failure on a CI machine can be
+    # replayed elsewhere: base64 -d > x; build-fuzz/fuzz_TARGET x.
+    seed=$(sed -n 's/^INFO: Seed: //p' "$log" | head -1)
+    if [ -n "$repro" ] && [ "$(stat -c %s "$repro")" -le 16384 ]; then
+      echo "fuzz $t: the input, base64: $(base64 -w0 "$repro")"
+    fi
+    echo "fuzz $t: FAILED (libFuzzer -seed=${seed:-?}; reproducer: ${repro:-none written})"
   fi
   rm -rf "$work"
 done
