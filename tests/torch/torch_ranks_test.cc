@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -594,6 +595,45 @@ TEST_P(TorchRanksTest, EveryRankFallsBackPastACorruptStepAlike) {
 
 // ---------------------------------------------------------------- c. SIGKILL
 
+// A backend that, once 4 MiB of an object whose key holds `needle` were
+// appended (more than the POSIX backend buffers), calls `said` and never
+// returns (until the process is killed): a SIGKILL then lands in the middle
+// of that object, whatever the machine's load.
+class StallsMidObject : public testing::ForwardingBackend {
+ public:
+  StallsMidObject(std::shared_ptr<StorageBackend> inner, std::string needle,
+                  std::function<void()> said)
+      : ForwardingBackend(std::move(inner)), needle_(std::move(needle)), said_(std::move(said)) {}
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    auto w = ForwardingBackend::NewObject(key, mode);
+    if (!w.ok() || key.find(needle_) == std::string_view::npos) return w;
+    struct Stalling : ObjectWriter {
+      std::unique_ptr<ObjectWriter> inner;
+      StallsMidObject* owner;
+      size_t appended = 0;
+      Status Append(const void* data, size_t size) override {
+        Status s = inner->Append(data, size);
+        appended += size;
+        if (s.ok() && appended >= (4u << 20) && !owner->stalled_.exchange(true)) {
+          owner->said_();
+          for (;;) std::this_thread::sleep_for(milliseconds(1000));
+        }
+        return s;
+      }
+      Status Commit() override { return inner->Commit(); }
+    };
+    auto stalling = std::make_unique<Stalling>();
+    stalling->inner = std::move(*w);
+    stalling->owner = this;
+    return std::unique_ptr<ObjectWriter>(std::move(stalling));
+  }
+
+ private:
+  std::string needle_;
+  std::function<void()> said_;
+  std::atomic<bool> stalled_{false};
+};
+
 // A temp object of tensors.safetensors in step `step`'s directory, with
 // bytes in it: rank 0 is in the middle of writing the big tensor.
 bool BigObjectBeingWritten(const std::string& path, int64_t step) {
@@ -652,10 +692,11 @@ int LoadAndSay(RankEnv& me) {
 }
 
 // Rank 0 commits step 1, then is SIGKILLed while writing step 2's 64 MiB
-// tensor. The waiters' Save(2) never returns OK: "writer died" at once
-// (well before the deadline) with the file lock, DeadlineExceeded naming the
-// step at the 4 s deadline otherwise. A relaunch (new job id, new processes) loads the
-// last committed step on every rank.
+// tensor (its backend stalls there, so the kill lands mid-object however
+// loaded the machine). The waiters' Save(2) never returns OK: "writer died"
+// at once (well before the deadline) with the file lock, DeadlineExceeded
+// naming the step at the 4 s deadline otherwise. A relaunch (new job id,
+// new processes) loads the last committed step on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
   constexpr milliseconds kWaitTimeout(4000);
   constexpr int64_t kBigFloats = int64_t{16} << 20;  // 64 MiB
@@ -664,7 +705,14 @@ TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
   const Launch launch = NewLaunch(/*agent_serves=*/true);
   Ranks ranks(launch, [&](RankEnv& me) -> int {
     Trainee t(kInitSeed);
-    auto ckpt = me.Open(kWaitTimeout);
+    std::shared_ptr<StorageBackend> backend;
+    if (me.rank == 0) {  // stalls in step 2's big object, for the kill
+      auto posix = OpenBackendForTest(launch.path);
+      if (!posix) return Fail(me.rank, kExitSetup, "no backend");
+      backend = std::make_shared<StallsMidObject>(posix, "step-000000000002/tensors.safetensors",
+                                                  [&me] { me.Say("mid"); });
+    }
+    auto ckpt = me.Open(kWaitTimeout, /*stripe=*/false, backend);
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
     State state = t.state();
     t.Train(1);
@@ -711,13 +759,12 @@ TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
   std::this_thread::sleep_for(milliseconds(100));  // the waiters are inside Save(2)
   ranks.Tell(0, "go");
   ASSERT_TRUE(ranks.Await(0, "saving2", milliseconds(10000)).has_value());
-  const auto poll_deadline = Clock::now() + milliseconds(10000);
-  bool seen = false;
-  while (!(seen = BigObjectBeingWritten(launch.path, 2)) && Clock::now() < poll_deadline)
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  const bool mid = ranks.Await(0, "mid", milliseconds(20000)).has_value();
+  const bool seen = BigObjectBeingWritten(launch.path, 2);
   const int64_t kill_ns = NowNs();
   ASSERT_EQ(::kill(ranks.child(0).pid(), SIGKILL), 0);
-  EXPECT_TRUE(seen) << "never saw rank 0 writing step 2's big object (killed it anyway)";
+  EXPECT_TRUE(mid) << "rank 0 never began step 2's big object (killed it anyway)";
+  EXPECT_TRUE(seen) << "no temp object of step 2's big tensor with bytes in it at the kill";
   EXPECT_EQ(ranks.child(0).ExitCode(milliseconds(5000)), 128 + SIGKILL)
       << "rank 0 was not killed mid-save (it exited by itself)";
 
