@@ -580,8 +580,7 @@ void CoordinationTest::KillRankZeroThenRestart(bool mid_save) {
       }
       const int64_t after_ms = (r->t_ns - kill_ns) / 1000000;
       slowest_ms = std::max(slowest_ms, after_ms);
-      EXPECT_LT(after_ms, kWaitTimeout.count() / 2)
-          << "the death should be detected well before the deadline";
+      EXPECT_LT(after_ms, 1000) << "the death should be detected within 1 s of the kill";
       EXPECT_GE(r->t_ns, kill_ns) << "reported the writer dead while it was alive";
     } else {
       EXPECT_EQ(r->code, Code::kDeadlineExceeded) << r->message;

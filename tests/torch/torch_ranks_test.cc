@@ -654,9 +654,8 @@ bool BigObjectBeingWritten(const std::string& path, int64_t step) {
 }
 
 // A waiter's report of a save or decision rank 0 never committed, rank 0
-// SIGKILLed at kill_ns: with the file lock ABORTED saying `died` well before
-// the deadline (at once, but a loaded machine may tear a killed process down
-// slowly; never before the kill), otherwise DeadlineExceeded at the deadline
+// SIGKILLed at kill_ns: with the file lock ABORTED saying `died` within 1 s
+// of the kill (never before it), otherwise DeadlineExceeded at the deadline
 // `timeout` after the waiter began at wait_ns. Returns the ms it took after
 // the kill (file lock) or after it began to wait.
 int64_t ExpectKilledRankZerosWaiter(WaitMode mode, const SaveReport& rep, const std::string& died,
@@ -666,8 +665,7 @@ int64_t ExpectKilledRankZerosWaiter(WaitMode mode, const SaveReport& rep, const 
     EXPECT_NE(rep.message.find(died), std::string::npos) << rep.message;
     EXPECT_GE(rep.t_ns, kill_ns) << "called the writer dead while it was alive";
     const int64_t after_ms = (rep.t_ns - kill_ns) / 1000000;
-    EXPECT_LT(after_ms, timeout.count() / 2)
-        << "the death should be noticed well before the deadline";
+    EXPECT_LT(after_ms, 1000) << "the death should be noticed within 1 s of the kill";
     return after_ms;
   }
   EXPECT_EQ(rep.code, Code::kDeadlineExceeded) << rep.message;
@@ -694,9 +692,9 @@ int LoadAndSay(RankEnv& me) {
 // Rank 0 commits step 1, then is SIGKILLed while writing step 2's 64 MiB
 // tensor (its backend stalls there, so the kill lands mid-object however
 // loaded the machine). The waiters' Save(2) never returns OK: "writer died"
-// at once (well before the deadline) with the file lock, DeadlineExceeded
-// naming the step at the 4 s deadline otherwise. A relaunch (new job id,
-// new processes) loads the last committed step on every rank.
+// within 1 s of the kill with the file lock, DeadlineExceeded naming the
+// step at the 4 s deadline otherwise. A relaunch (new job id, new
+// processes) loads the last committed step on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledMidSaveThenRestartLoadsTheSameStep) {
   constexpr milliseconds kWaitTimeout(4000);
   constexpr int64_t kBigFloats = int64_t{16} << 20;  // 64 MiB
@@ -1031,8 +1029,7 @@ void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int tria
       EXPECT_NE(rep->message.find("writer died"), std::string::npos) << rep->message;
       EXPECT_NE(rep->message.find("step 2"), std::string::npos) << rep->message;
       EXPECT_GE(rep->t_ns, kill_ns) << "called the writer dead while it was alive";
-      EXPECT_LT(after_kill_ms, wait_timeout.count() / 2)
-          << "the death should be noticed well before the deadline";
+      EXPECT_LT(after_kill_ms, 1000) << "the death should be noticed within 1 s of the kill";
     } else {
       EXPECT_TRUE(rep->code == Code::kDeadlineExceeded || rep->code == Code::kUnavailable)
           << rep->message;
@@ -1103,8 +1100,8 @@ void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int tria
 // Rank 0 is SIGKILLed at a random point of Save(2) (before, during or after
 // its commit; delays up to 1.5x its measured Save(1)), T times per mode, with
 // a 1-32 MiB tensor in the state. Whatever the timing: no waiter returns OK
-// for a step that is not committed (file lock: "writer died" well before
-// the deadline; otherwise the deadline); a waiter told OK
+// for a step that is not committed (file lock: "writer died" within 1 s;
+// otherwise the deadline); a waiter told OK
 // finds the step whole; step 1 always verifies; a restart loads the same
 // step (2 if committed, else 1) on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledAtRandomPointsNeverLetsAWaiterPassEarly) {
@@ -1304,7 +1301,7 @@ TEST_P(TorchRanksTest, LoadWaitsForASlowRankZerosDecision) {
 // A job restarts from step 1, and rank 0 is SIGKILLed after its Open,
 // before it decides which step to load, while the others wait in Load for
 // that decision. File lock: rank 0 holds the save lock from its Open on, so
-// they return ABORTED "writer died" at once (well before the deadline); the
+// they return ABORTED "writer died" within 1 s of the kill; the
 // other modes wait to the deadline. Either way none loads anything, and a relaunch
 // loads step 1 on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
