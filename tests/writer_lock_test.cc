@@ -150,7 +150,7 @@ TEST_F(WriterLockTest, SecondProcessIsRefusedNamingTheHolder) {
             std::string::npos)
       << "the error should name the holder's pid " << child.pid() << ": " << refused.status();
   // A few ms; the bound leaves room for a loaded machine, not for a wait.
-  EXPECT_LT(took, milliseconds(2000)) << "lock_wait=0 should fail at once";
+  EXPECT_LT(took, milliseconds(1000)) << "lock_wait=0 should fail at once";
 
   t0 = Clock::now();
   auto waited = store->OpenWriter(Wait(milliseconds(300)));

@@ -46,9 +46,13 @@ for t in "${targets[@]}"; do
     repro=$(ls "$out"/crash-"$t"-* 2>/dev/null | head -1 || true)
     # The seed and the input itself, so that a failure on a CI machine can be
     # replayed elsewhere: base64 -d > x; build-fuzz/fuzz_TARGET x.
-    seed=$(sed -n 's/^INFO: Seed: //p' "$log" | head -1)
-    if [ -n "$repro" ] && [ "$(stat -c %s "$repro")" -le 16384 ]; then
-      echo "fuzz $t: the input, base64: $(base64 -w0 "$repro")"
+    seed=$(sed -n 's/^INFO: Seed: //p' "$log" | head -1 || true)
+    if [ -n "$repro" ]; then
+      if [ "$(stat -c %s "$repro")" -le 16384 ]; then
+        echo "fuzz $t: the input, base64: $(base64 -w0 "$repro")"
+      else
+        echo "fuzz $t: the input is over 16 KiB, not printed"
+      fi
     fi
     echo "fuzz $t: FAILED (libFuzzer -seed=${seed:-?}; reproducer: ${repro:-none written})"
   fi

@@ -119,7 +119,12 @@ if [ "${CKPTIO_FUZZ:-1}" != 0 ]; then
   set -e
   fp=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$log")
   ff=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$log")
-  if [ -z "$fp" ]; then fp=0 ff=1; fi
+  if [ -z "$fp" ]; then
+    fp=0 ff=1
+    failures+="  fuzzing: tools/fuzz.sh printed no summary (a target did not build?)"$'\n'
+  fi
+  fl=$(sed -n 's/^fuzz \([a-z_]*\): FAILED.*/  fuzzing: \1/p' "$log")
+  [ -z "$fl" ] || failures+="$fl"$'\n'
   passed=$((passed + fp)) failed=$((failed + ff))
   [ "$ff" = 0 ] || status=1
 fi

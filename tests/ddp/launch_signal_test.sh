@@ -16,8 +16,11 @@ gone_within() {  # gone_within MARKER SECONDS
   for _ in $(seq 1 $(($2 * 10))); do left "$1" || return 0; sleep 0.1; done
   return 1
 }
+got=$(mktemp)  # section 3's ranks note what they got here
 cleanup() {
-  for m in $(seq "$marker" $((marker + 4))); do pkill -f "sleep $m" 2>/dev/null || true; done
+  # SIGKILL: some of these ranks ignore SIGTERM.
+  for m in $(seq "$marker" $((marker + 4))); do pkill -KILL -f "sleep $m" 2>/dev/null || true; done
+  rm -f "$got"
 }
 # started MARKER N: waits until N sleeps of MARKER run.
 started() {
@@ -58,33 +61,32 @@ echo "ranks ended with a SIGKILLed launcher"
 # 3. Ranks that ignore SIGTERM: killed --grace seconds after a forwarded one,
 #    and at once after a second one.
 m3=$((marker + 2))
-"$bin/ckptio-launch" -n 2 --grace 3 -- sh -c "trap '' TERM; sleep $m3 & wait" 2>/dev/null &
+"$bin/ckptio-launch" -n 2 --grace 4 -- sh -c "trap '' TERM; sleep $m3 & wait" 2>/dev/null &
 launcher=$!
 started "$m3" 2
 kill -TERM "$launcher"
-sleep 0.5
-left "$m3" || { echo "FAIL: SIGTERM-ignoring ranks ended before --grace"; exit 1; }
-if ! gone_within "$m3" 8; then
-  echo "FAIL: ranks ignoring SIGTERM outlived --grace 3 by 5 s: $(pgrep -fa "sleep $m3")"
+sleep 2
+left "$m3" || { echo "FAIL: SIGTERM-ignoring ranks ended 2 s into --grace 4"; exit 1; }
+if ! gone_within "$m3" 7; then
+  echo "FAIL: ranks ignoring SIGTERM outlived --grace 4 by 5 s: $(pgrep -fa "sleep $m3")"
   exit 1
 fi
 wait "$launcher" || true
 # Each rank notes in $got that it is set up and then the forwarded SIGTERM
 # (its sleep ignores it), so the second is sent only after the launcher
 # passed the first on: two sent at once could reach it as one.
-got=$(mktemp)
 noted() {  # noted WORD: waits until both ranks wrote WORD to $got
   for _ in $(seq 1 50); do [ "$(grep -c "^$1$" "$got")" -ge 2 ] && return 0; sleep 0.1; done
   return 1
 }
-"$bin/ckptio-launch" -n 2 --grace 600 -- sh -c \
-  "trap '' TERM; sleep $m3 & trap 'echo TERM >>$got' TERM; echo up >>$got; while :; do wait; done" \
+"$bin/ckptio-launch" -n 2 --grace 600 -- sh -c "trap '' TERM; sleep $m3 & s=\$!; \
+  trap 'echo TERM >>\"$got\"' TERM; echo up >>\"$got\"; while kill -0 \$s; do wait \$s; done" \
   2>/dev/null &
 launcher=$!
 noted up || { echo "FAIL: the ranks did not start"; exit 1; }
+started "$m3" 2
 kill -TERM "$launcher"
 noted TERM || { echo "FAIL: the launcher did not forward SIGTERM to both ranks"; exit 1; }
-rm -f "$got"
 kill -TERM "$launcher"
 if ! gone_within "$m3" 3; then
   echo "FAIL: a second SIGTERM did not kill the ranks: $(pgrep -fa "sleep $m3")"

@@ -595,10 +595,10 @@ TEST_P(TorchRanksTest, EveryRankFallsBackPastACorruptStepAlike) {
 
 // ---------------------------------------------------------------- c. SIGKILL
 
-// A backend that, once 4 MiB of an object whose key holds `needle` were
-// appended (more than the POSIX backend buffers), calls `said` and never
-// returns (until the process is killed): a SIGKILL then lands in the middle
-// of that object, whatever the machine's load.
+// A backend that passes on the first 4 MiB of an object whose key holds
+// `needle` (more than the POSIX backend buffers: they reach the temp file),
+// then calls `said` and never returns (until the process is killed): a
+// SIGKILL then lands in the middle of that object, whatever the load.
 class StallsMidObject : public testing::ForwardingBackend {
  public:
   StallsMidObject(std::shared_ptr<StorageBackend> inner, std::string needle,
@@ -612,13 +612,15 @@ class StallsMidObject : public testing::ForwardingBackend {
       StallsMidObject* owner;
       size_t appended = 0;
       Status Append(const void* data, size_t size) override {
-        Status s = inner->Append(data, size);
-        appended += size;
-        if (s.ok() && appended >= (4u << 20) && !owner->stalled_.exchange(true)) {
-          owner->said_();
-          for (;;) std::this_thread::sleep_for(milliseconds(1000));
+        constexpr size_t kStallAt = 4u << 20;
+        if (appended >= kStallAt || appended + size < kStallAt || owner->stalled_.exchange(true)) {
+          appended += size;
+          return inner->Append(data, size);
         }
-        return s;
+        Status s = inner->Append(data, kStallAt - appended);
+        if (!s.ok()) return s;
+        owner->said_();
+        for (;;) std::this_thread::sleep_for(milliseconds(1000));
       }
       Status Commit() override { return inner->Commit(); }
     };
