@@ -1303,8 +1303,8 @@ TEST_P(TorchRanksTest, LoadWaitsForASlowRankZerosDecision) {
 // A job restarts from step 1, and rank 0 is SIGKILLed after its Open,
 // before it decides which step to load, while the others wait in Load for
 // that decision. File lock: rank 0 holds the save lock from its Open on, so
-// they return ABORTED "writer died" within 1 s of the kill; the
-// other modes wait to the deadline. Either way none loads anything, and a relaunch
+// they return ABORTED "writer died" within 1 s of the kill; the other modes
+// wait to the deadline. Either way none loads anything, and a relaunch
 // loads step 1 on every rank.
 TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
   constexpr milliseconds kWaitTimeout(4000);
