@@ -17,6 +17,7 @@
 #include "ckptio/torch.h"
 #include "copy.h"
 #include "text.h"
+#include "torch/state_key.h"
 
 namespace ckptio {
 
@@ -521,19 +522,6 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
 
 void ApplyTensors(Staged& staged, State& state);
 
-// The key LibTorch files a parameter's state under: its TensorImpl's
-// address, as text before LibTorch 2, the pointer itself since.
-template <typename Key>
-Key StateKey(c10::TensorImpl* impl) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream text;
-    text << impl;
-    return text.str();
-  } else {
-    return impl;
-  }
-}
-
 // LibTorch's Optimizer::load pairs state with parameters by position only:
 // the state of another model's optimizer loads, and the next step() throws
 // (or, for parameters of equal shapes in another order, trains on the wrong
@@ -548,7 +536,7 @@ Status CheckOptimizerState(const torch::optim::Optimizer& opt) {
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& p = params[i];
       if (!p.defined()) continue;
-      auto it = opt.state().find(StateKey<Key>(p.unsafeGetTensorImpl()));
+      auto it = opt.state().find(internal::StateKey<Key>(p.unsafeGetTensorImpl()));
       if (it == opt.state().end()) continue;
       const o::OptimizerParamState* st = it->second.get();
       std::vector<torch::Tensor> per_param;

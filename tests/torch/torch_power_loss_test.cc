@@ -4,7 +4,6 @@
 // save returned), in both modes (drop, garble). Afterwards a fresh
 // Checkpointer's Load() must restore exactly step 1 or step 2, bit for bit,
 // module, optimizer and tensor alike; a save that returned OK must be step 2.
-#include <sstream>
 #include <type_traits>
 
 #include "ckptio/ckptio.h"
@@ -12,6 +11,7 @@
 #include "ckptio/power_loss_fs.h"
 #include "ckptio/torch.h"
 #include "test_util.h"
+#include "torch/state_key.h"
 
 namespace ckptio {
 namespace {
@@ -25,27 +25,13 @@ struct Snapshot {
   torch::Tensor extra;
 };
 
-// The key LibTorch files a parameter's optimizer state under: the address of
-// its TensorImpl, as text before LibTorch 2 (c10::guts::to_string), the
-// pointer itself since.
-template <typename Key>
-Key StateKey(c10::TensorImpl* impl) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream text;
-    text << impl;
-    return text.str();
-  } else {
-    return impl;
-  }
-}
-
 // Adam's per-parameter state, in parameter order (its archive cannot be
 // compared as bytes: LibTorch keys the state by tensor address).
 std::vector<torch::Tensor> AdamState(torch::optim::Adam& adam) {
   using Key = std::decay_t<decltype(adam.state())>::key_type;
   std::vector<torch::Tensor> out;
   for (const auto& p : adam.param_groups().at(0).params()) {
-    auto it = adam.state().find(StateKey<Key>(p.unsafeGetTensorImpl()));
+    auto it = adam.state().find(internal::StateKey<Key>(p.unsafeGetTensorImpl()));
     if (it == adam.state().end()) continue;  // never stepped
     auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
     out.push_back(torch::tensor(s.step()));
