@@ -145,7 +145,8 @@ struct CheckpointerOptions {
   // servers); one local disk gains little (docs/PERFORMANCE.md).
   bool stripe = false;
   // SaveAsync keeps this much host memory at most for what it stages: the
-  // tensor copies (kept between saves; pinned when CUDA tensors are saved)
+  // tensor copies (a buffer kept between saves and counted while kept, in
+  // a save that stages fewer tensors too; pinned when CUDA tensors are saved)
   // and the optimizers' archives (held until the background save ends;
   // Adam's are about twice its parameters). A state that needs more is saved
   // synchronously instead, with a warning (when the archives push it over,

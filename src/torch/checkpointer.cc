@@ -916,9 +916,13 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     };
     if (need > options_.max_staging_bytes)
       return save_now(std::to_string(need) + " bytes of tensor staging");
-    if (!plan.optimizers.empty() && as.archive_bytes > options_.max_staging_bytes - need)
-      return save_now(std::to_string(need) + " bytes of tensor staging and " +
-                      std::to_string(as.archive_bytes) +
+    // The tensors' buffer is kept from save to save: the archives get what
+    // it leaves, even when this save stages fewer tensors, or none.
+    const uint64_t tensor_staging =
+        std::max<uint64_t>(need, as.staging.defined() ? as.staging.numel() : 0);
+    const std::string tensor_bytes = std::to_string(tensor_staging) + " bytes of tensor staging";
+    if (!plan.optimizers.empty() && as.archive_bytes > options_.max_staging_bytes - tensor_staging)
+      return save_now(tensor_bytes + " and " + std::to_string(as.archive_bytes) +
                       " bytes of optimizer archives (as at the last save)");
     uint64_t archived = 0;
     bool archives_too_large = false;
@@ -947,9 +951,8 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
           t = copy;
         }
       ParallelCopy(memcpys);
-      // The optimizers' archives take what the staging buffer (which may
-      // be larger than `need`, from an earlier save) left of the limit.
-      const uint64_t held = need > 0 ? static_cast<uint64_t>(as.staging.numel()) : 0;
+      // The optimizers' archives take what the staging buffer left.
+      const uint64_t held = as.staging.defined() ? static_cast<uint64_t>(as.staging.numel()) : 0;
       const uint64_t room =
           options_.max_staging_bytes > held ? options_.max_staging_bytes - held : 0;
       for (const auto& [object, optimizer] : plan.optimizers) {
@@ -980,8 +983,8 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     });
     if (!staged.ok()) return done_now(Abandon(step, attempt, staged));
     if (archives_too_large)  // the staged tensors serve the synchronous save
-      return save_now(std::to_string(need) + " bytes of tensor staging and at least " +
-                      std::to_string(archived) + " bytes of optimizer archives");
+      return save_now(tensor_bytes + " and at least " + std::to_string(archived) +
+                      " bytes of optimizer archives");
   }
   as.worker = std::thread(
       [this, step, attempt, plan = std::move(plan), promise = std::move(promise)]() mutable {

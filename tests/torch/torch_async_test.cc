@@ -362,6 +362,39 @@ TEST_F(AsyncSaveTest, OptimizerArchivesCountTowardTheStagingLimit) {
   }
 }
 
+// The tensors' staging buffer is kept from save to save, so it counts
+// against the limit in a later save that stages no tensor: Net's ~37 KiB
+// buffer and fc2's ~9 KiB Adam archive each fit in 40 KiB, together not.
+TEST_F(AsyncSaveTest, TheKeptTensorBufferCountsWhenASaveStagesNoTensor) {
+  Net net;
+  torch::optim::Adam adam(net.fc2->parameters());
+  Train(net, adam, 1, 7);
+  CheckpointerOptions o;
+  o.max_staging_bytes = 40 << 10;
+  auto ckpt = Open(o);
+  ASSERT_TRUE(ckpt);
+  auto save_behind_gate = [&](int64_t step, const State& state) {
+    gate_->Close();
+    std::thread opener([&] {
+      std::this_thread::sleep_for(500ms);
+      gate_->Open();
+    });
+    auto saved = ckpt->SaveAsync(step, state);
+    const bool returned_at_once = !Ready(saved);
+    opener.join();
+    CKPTIO_EXPECT_OK(saved.get());
+    return returned_at_once;
+  };
+  EXPECT_TRUE(save_behind_gate(1, State{{"model", net}}))
+      << "Net's tensors alone fit: the save should run in the background";
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(save_behind_gate(2, State{{"optim", adam}}))
+      << "the archive does not fit beside the kept buffer: the call should save by itself";
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find("bytes of tensor staging and at least"), std::string::npos) << warning;
+  EXPECT_EQ(warning.find("needs 0 bytes"), std::string::npos) << warning;
+}
+
 TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   // Two ranks in one process over the manifest signal.
   auto ranks = TwoRanks("async-test", /*stripe=*/false);
