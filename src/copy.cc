@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -45,10 +46,20 @@ void ParallelCopy(const std::vector<CopyJob>& jobs) {
     for (size_t i; (i = next.fetch_add(1)) < pieces.size();)
       StreamCopy(pieces[i].dst, pieces[i].src, pieces[i].size);
   };
-  const size_t threads =
-      std::min<size_t>(pieces.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  RunOnThreads(static_cast<unsigned>(std::min<size_t>(
+                   pieces.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 4u))),
+               work);
+}
+
+void RunOnThreads(unsigned threads, const std::function<void()>& work) {
   std::vector<std::thread> helpers;
-  for (size_t i = 1; i < threads; ++i) helpers.emplace_back(work);
+  for (unsigned i = 1; i < threads; ++i) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: those running do the rest
+    }
+  }
   work();
   for (auto& t : helpers) t.join();
 }

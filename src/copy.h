@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace ckptio {
@@ -26,6 +27,12 @@ struct CopyJob {
 // Runs the copies with StreamCopy in 8 MiB pieces on up to 4 threads (one
 // per core); returns when all are done.
 void ParallelCopy(const std::vector<CopyJob>& jobs);
+
+// Runs `work` here and on up to `threads` - 1 helper threads at once, and
+// returns when every run has returned. Fewer helpers where the system gives
+// no more threads (RLIMIT_NPROC, memory), so `work` must take its pieces
+// from a shared counter until none are left, whoever runs it.
+void RunOnThreads(unsigned threads, const std::function<void()>& work);
 
 }  // namespace ckptio
 

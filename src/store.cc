@@ -12,10 +12,12 @@
 #include <functional>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
 #include "ckptio/safetensors.h"
+#include "copy.h"
 #include "object_io.h"
 #include "text.h"
 
@@ -418,10 +420,7 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
       }
     }
   };
-  std::vector<std::thread> helpers;
-  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back(work);
-  work();
-  for (auto& t : helpers) t.join();
+  RunOnThreads(threads, work);
   if (first_bad.load() < n) return ChunkMismatch(*e, first_bad.load(), got[first_bad.load()]);
   return view;
 }
@@ -543,9 +542,16 @@ class Overlap {
   }
 
   // Runs io() on the helper thread and compute() here; io's status once
-  // both have finished.
+  // both have finished. Where no thread can be started, one after the other.
   Status Run(const std::function<Status()>& io, const std::function<void()>& compute) {
-    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    if (!thread_.joinable()) {
+      try {
+        thread_ = std::thread([this] { Loop(); });
+      } catch (const std::system_error&) {
+        compute();
+        return io();
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       io_ = &io;

@@ -146,10 +146,11 @@ struct CheckpointerOptions {
   bool stripe = false;
   // SaveAsync keeps this much host memory at most for what it stages: the
   // tensor copies (a buffer kept between saves and counted while kept, in
-  // a save that stages fewer tensors too; pinned when CUDA tensors are saved)
-  // and the optimizers' archives (held until the background save ends;
-  // Adam's are about twice its parameters). A state that needs more is saved
-  // synchronously instead, with a warning (when the archives push it over,
+  // a save that stages fewer tensors too; freed before a larger one is made;
+  // pinned when CUDA tensors are saved) and the optimizers' archives (held
+  // until the background save ends; Adam's are about twice its parameters).
+  // A state that needs more is saved synchronously instead, with a warning
+  // (printed once per Checkpointer; when the archives push it over,
   // after the tensors were copied: the save writes those copies; later saves
   // that would not fit by the last archives' size skip the copying).
   // Pinned memory comes from LibTorch's caching host allocator, which rounds
@@ -221,9 +222,12 @@ class Checkpointer {
   // writes and commits on a background thread; returns as soon as the copy
   // is done, so training may change the state at once. The future holds
   // what Save would have returned. Other ranks: the future resolves when
-  // the step is committed. One save is in flight at a time: every later
-  // call of Save, SaveAsync, SaveNonBlocking or Load first waits for it and
-  // returns its error if it failed (once). The destructor waits for it.
+  // the step is committed. Where no thread can be started (RLIMIT_NPROC),
+  // the call saves synchronously, with a warning. One save is in flight at
+  // a time: every later call of Save, SaveAsync, SaveNonBlocking or Load
+  // first waits for it and returns its error if it failed (once). The
+  // destructor waits for it: the error of a last save that no later call
+  // reported is on its future only.
   // Not for use from several threads at once, like every other method.
   std::future<Status> SaveAsync(int64_t step, const State& state);
 

@@ -5,10 +5,12 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "ckptio/backends.h"
@@ -873,11 +875,12 @@ SavePlan Checkpointer::PlanFor(const State& state) const {
 
 std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
-  std::promise<Status> promise;
-  std::future<Status> future = promise.get_future();
+  // Shared with the worker thread, and kept here should it fail to start.
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> future = promise->get_future();
   Status previous = FinishAsync();
   if (!previous.ok()) {
-    promise.set_value(Abandon(step, attempt, previous));
+    promise->set_value(Abandon(step, attempt, previous));
     return future;
   }
   internal::AsyncSave& as = *async_;
@@ -887,7 +890,7 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
   auto done_now = [&](Status s) {
     as.result = s;
     as.unreported = !s.ok();
-    promise.set_value(std::move(s));
+    promise->set_value(std::move(s));
     return std::move(future);
   };
   if (Status names = CheckNames(state, /*saving=*/true); !names.ok())
@@ -929,10 +932,12 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     Status staged = Guard("staging the state of step " + std::to_string(step), [&]() -> Status {
       const bool pinned = cuda && torch::cuda::is_available();
       if (need > 0 && (!as.staging.defined() || static_cast<uint64_t>(as.staging.numel()) < need ||
-                       (pinned && !as.staging.is_pinned())))
+                       (pinned && !as.staging.is_pinned()))) {
+        as.staging = torch::Tensor();  // freed first: never the old and the new buffer at once
         as.staging =
             torch::empty({static_cast<int64_t>(std::max<uint64_t>(need, 1))},
                          torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
+      }
       char* base = need > 0 ? static_cast<char*>(as.staging.data_ptr()) : nullptr;
       uint64_t off = 0;
       torch::NoGradGuard no_grad;
@@ -986,13 +991,19 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
       return save_now(tensor_bytes + " and at least " + std::to_string(archived) +
                       " bytes of optimizer archives");
   }
-  as.worker = std::thread(
-      [this, step, attempt, plan = std::move(plan), promise = std::move(promise)]() mutable {
-        Status s = SaveNow(step, attempt, plan);
-        async_->result = s;
-        async_->unreported = !s.ok();
-        promise.set_value(std::move(s));
-      });
+  auto staged = std::make_shared<const SavePlan>(std::move(plan));
+  try {
+    as.worker = std::thread([this, step, attempt, staged, promise] {
+      Status s = SaveNow(step, attempt, *staged);
+      async_->result = s;
+      async_->unreported = !s.ok();
+      promise->set_value(std::move(s));
+    });
+  } catch (const std::system_error& e) {  // RLIMIT_NPROC, memory
+    std::cerr << "ckptio: warning: SaveAsync of step " << step << " could not start its thread ("
+              << e.what() << "): saving synchronously\n";
+    return done_now(SaveNow(step, attempt, *staged));
+  }
   return future;
 }
 

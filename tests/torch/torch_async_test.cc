@@ -1,6 +1,10 @@
 // Checkpointer::SaveAsync: the call returns once the state is staged, the
 // commit happens in the background with every invariant, errors surface on
 // the future and on the next call, the destructor waits.
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -393,6 +397,55 @@ TEST_F(AsyncSaveTest, TheKeptTensorBufferCountsWhenASaveStagesNoTensor) {
   const std::string warning = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(warning.find("bytes of tensor staging and at least"), std::string::npos) << warning;
   EXPECT_EQ(warning.find("needs 0 bytes"), std::string::npos) << warning;
+}
+
+// LibTorch's memory profiling hook, on this thread: the CPU tensor memory
+// allocated while it is installed, live and at its peak.
+class CpuMemoryOfThisThread : public c10::MemoryReportingInfoBase {
+  // reportMemoryUsage's totals are int64_t in LibTorch 1.13, size_t in 2.x.
+  template <typename F>
+  struct TotalOf;
+  template <typename C, typename T>
+  struct TotalOf<void (C::*)(void*, int64_t, T, T, c10::Device)> {
+    using type = T;
+  };
+  using Total = TotalOf<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
+
+ public:
+  void reportMemoryUsage(void*, int64_t size, Total, Total, c10::Device device) override {
+    if (!device.is_cpu()) return;
+    live += size;
+    peak = std::max(peak, live);
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+
+  int64_t live = 0, peak = 0;
+};
+
+// A state that grows between saves gets a larger staging buffer; the old
+// one is freed first, so staging never holds more than the limit: 24 then
+// 32 MiB of tensors under a 40 MiB limit (both buffers at once: 56 MiB).
+TEST_F(AsyncSaveTest, AGrowingStateNeverHoldsTwoStagingBuffers) {
+  constexpr int64_t kMiB = 1 << 20;
+  torch::Tensor small = torch::rand({24 * kMiB / 4}), large = torch::rand({32 * kMiB / 4});
+  CheckpointerOptions o;
+  o.max_staging_bytes = 40 * kMiB;
+  auto ckpt = Open(o);
+  ASSERT_TRUE(ckpt);
+  auto memory = std::make_shared<CpuMemoryOfThisThread>();
+  {
+    c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, memory);
+    auto first = ckpt->SaveAsync(1, State{{"t", small}});
+    CKPTIO_ASSERT_OK(first.get());
+    ASSERT_GE(memory->peak, 24 * kMiB) << "the staging buffer was not seen";
+    auto second = ckpt->SaveAsync(2, State{{"t", large}});
+    CKPTIO_ASSERT_OK(second.get());
+  }
+  EXPECT_GE(memory->peak, 32 * kMiB) << "the larger staging buffer was not seen";
+  EXPECT_LE(memory->peak, static_cast<int64_t>(o.max_staging_bytes))
+      << "the old and the new staging buffer were held at once";
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, ckpt->store().OpenStep(2));
+  CKPTIO_EXPECT_OK(reader->Verify());
 }
 
 TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {

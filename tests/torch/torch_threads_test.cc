@@ -1,0 +1,83 @@
+// Where the system gives no more threads (RLIMIT_NPROC, memory), saves and
+// loads still work: the copies, the hashing and the write overlap run on
+// the caller's thread, and SaveAsync saves synchronously, saying so. This
+// binary defines pthread_create, which refuses while `refuse` is set.
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <future>
+#include <string>
+
+#include "ckptio/ckptio.h"
+#include "ckptio/torch.h"
+#include "test_util.h"
+
+namespace {
+std::atomic<bool> refuse{false};
+std::atomic<int> refused{0};
+}  // namespace
+
+extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attr, void* (*start)(void*),
+                              void* arg) {
+  using Create = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+  static const Create real = reinterpret_cast<Create>(::dlsym(RTLD_NEXT, "pthread_create"));
+  if (refuse.load()) {
+    ++refused;
+    return EAGAIN;
+  }
+  return real(thread, attr, start, arg);
+}
+
+namespace ckptio {
+namespace {
+
+using testing::TempDir;
+
+// No new thread while it lives.
+class NoThreads {
+ public:
+  NoThreads() {
+    refused = 0;
+    refuse = true;
+  }
+  ~NoThreads() { refuse = false; }
+};
+
+TEST(NoThreadsTest, SaveSaveAsyncAndLoadWorkOnTheCallersThread) {
+  torch::set_num_threads(1);  // LibTorch's own pool would abort without its threads
+  // 24 MiB: copied in several 8 MiB pieces, hashed in several chunks,
+  // written in pieces of 1 MiB and more (the write overlap).
+  torch::Tensor saved = torch::rand({6 << 20});
+  TempDir dir;
+  auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  {
+    NoThreads none;
+    CKPTIO_ASSERT_OK((*ckpt)->Save(1, State{{"t", saved}}));
+    ::testing::internal::CaptureStderr();
+    auto async = (*ckpt)->SaveAsync(2, State{{"t", saved}});
+    const std::string warning = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(async.wait_for(std::chrono::seconds(0)), std::future_status::ready)
+        << "without a thread, the call saves by itself";
+    CKPTIO_ASSERT_OK(async.get());
+    EXPECT_NE(warning.find("could not start its thread"), std::string::npos) << warning;
+    torch::Tensor into = torch::zeros({6 << 20});
+    State state{{"t", into}};
+    auto loaded = (*ckpt)->Load(state);
+    ASSERT_TRUE(loaded.ok() && loaded->has_value())
+        << (loaded.ok() ? "nothing to load" : loaded.status().ToString());
+    EXPECT_EQ((*loaded)->step, 2);
+    EXPECT_TRUE(torch::equal(into, saved));
+    EXPECT_GT(refused.load(), 0) << "no thread was refused: the test proves nothing";
+  }
+  for (int64_t step : {1, 2}) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, (*ckpt)->store().OpenStep(step));
+    CKPTIO_EXPECT_OK(reader->Verify());
+  }
+}
+
+}  // namespace
+}  // namespace ckptio
