@@ -321,14 +321,18 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
     if (elem == 0) return error(path + ".dtype", "unknown dtype \"" + Printable(t.dtype) + "\"");
     if (t.shape.size() > kMaxTensorRank)
       return error(path + ".shape", "expected an array of at most 32 sizes");
-    uint64_t count = 1;
+    // count: the elements; span: the product of the nonzero sizes, bounded
+    // too (a zero-size tensor's strides are that product: [0, 2^48, 2^48]
+    // would overflow them).
+    uint64_t count = 1, span = 1;
     for (int64_t d : t.shape) {
       if (d < 0 || static_cast<uint64_t>(d) > kMaxObjectBytes)
         return error(path + ".shape", "sizes must be non-negative integers");
       const auto dim = static_cast<uint64_t>(d);
-      if (dim != 0 && count > kMaxObjectBytes / dim)  // before multiplying: no wrap-around
+      if (dim != 0 && span > kMaxObjectBytes / dim)  // before multiplying: no wrap-around
         return error(path + ".shape", "too many elements");
       count *= dim;
+      span *= std::max<uint64_t>(dim, 1);
     }
     CKPTIO_RETURN_IF_ERROR(CheckText(where, path + ".device", t.device, 64));
     CKPTIO_RETURN_IF_ERROR(CheckRange<uint64_t>(where, path + ".offset", t.offset, 0, obj->size));

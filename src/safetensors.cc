@@ -103,7 +103,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t
     if (elem == 0) return error(at + ": unknown dtype \"" + Printable(e.dtype) + "\"");
     if (shape->size() > kMaxTensorRank)
       return error(at + ": shape has more than " + std::to_string(kMaxTensorRank) + " sizes");
-    uint64_t count = 1;
+    uint64_t count = 1, span = 1;  // span: the product of the nonzero sizes
     for (const json& d : *shape) {
       if (!d.is_number_unsigned()) return error(at + ": shape sizes must be non-negative integers");
       const uint64_t dim = d.get<uint64_t>();
@@ -111,7 +111,11 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t
         return error(at + ": shape size " + std::to_string(dim) + " is not a tensor size");
       // Before multiplying: a product past the data section (or 2^64) is refused.
       if (dim != 0 && count > data_size / dim) return error(at + ": shape is larger than the file");
+      // A zero-size tensor's strides are the product of the others: bounded.
+      if (dim != 0 && span > kMaxObjectBytes / dim)
+        return error(at + ": shape has too many elements");
       count *= dim;
+      span *= std::max<uint64_t>(dim, 1);
       e.shape.push_back(static_cast<int64_t>(dim));
     }
     const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();

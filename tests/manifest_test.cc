@@ -371,6 +371,12 @@ TEST(ManifestRoundTripTest, CheckedSerializationRefusesExactlyWhatReadersReject)
          m.tensors[0].length = 0;
        },
        "'tensors[0].shape'", "too many elements"},
+      {"ZeroSizeWithHugeStrides",  // 0 elements, but strides of 2^96
+       [](Manifest& m) {
+         m.tensors[0].shape = {0, int64_t{1} << 48, int64_t{1} << 48};
+         m.tensors[0].length = 0;
+       },
+       "'tensors[0].shape'", "too many elements"},
       {"PastTheObject", [](Manifest& m) { m.tensors[0].offset = m.objects[0].size - 8; },
        "'tensors[0].length'", "outside"},
       {"LengthNotShape", [](Manifest& m) { m.tensors[0].length += 4; }, "'tensors[0].length'",

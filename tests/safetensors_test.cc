@@ -96,6 +96,9 @@ TEST(Safetensors, RefusesEveryMalformedHeaderPrecisely) {
        "not a tensor size"},
       {"product wraps around", with("shape", {1ull << 32, 1ull << 32, 0ull}),
        "larger than the file"},
+      // No elements, but LibTorch's strides would be 2^96: refused.
+      {"zero size, huge strides", with("shape", {0ull, 1ull << 48, 1ull << 48}),
+       "too many elements"},
       {"hole", One({{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {4, 8}}}, "12345678"),
        "a hole"},
       {"trailing bytes", One({{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {0, 4}}}, "12345"),
