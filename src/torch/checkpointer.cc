@@ -352,9 +352,10 @@ Status WritePlan(PendingCheckpoint& pending, const SavePlan& plan) {
 struct Staged {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;  // (target, loaded)
   struct Optimizer {
+    std::string name;
     torch::optim::Optimizer* target;
     std::shared_ptr<ObjectView> bytes;
-    std::string saved_device;  // of its parameters when saved ("" if unrecorded)
+    torch::Device device;  // where its state goes (map_location of the saved device)
   };
   std::vector<Optimizer> optimizers;
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> tensors;
@@ -448,6 +449,40 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
   return OkStatus();
 }
 
+// How ApplyTensors puts a loaded tensor into a module's: copied into the
+// module's memory where that has the right place, else its data replaced.
+bool CopiesInto(const torch::Tensor& target, const torch::Tensor& loaded) {
+  return target.device() == loaded.device() && target.dtype() == loaded.dtype() &&
+         target.sizes() == loaded.sizes();
+}
+
+// Why LibTorch would refuse to put `loaded` into `target` (a module's, or
+// with `named`, a named tensor, which takes the saved dtype and shape), or
+// "": ApplyTensors must not fail halfway, so Stage refuses first.
+std::string WhyNotApplicable(const torch::Tensor& target, const torch::Tensor& loaded,
+                             bool named = false) {
+  if (named && (!target.defined() || target.is_inference() ||
+                !target.unsafeGetTensorImpl()->allow_tensor_metadata_change()))
+    return "";  // rebound
+  const bool inference = target.is_inference() && !c10::InferenceMode::is_enabled();
+  if (named ? target.device() == loaded.device() && target.dtype() == loaded.dtype()
+            : CopiesInto(target, loaded)) {
+    if (inference) return "is an inference tensor: load outside torch::InferenceMode into it";
+    if (!named && at::has_internal_overlap(target) == at::MemOverlap::Yes)
+      return "has elements sharing memory (expanded): it cannot be loaded into";
+    return "";
+  }
+  if (inference) return "is an inference tensor: load outside torch::InferenceMode into it";
+  if (target.requires_grad() && !loaded.is_floating_point() && !loaded.is_complex())
+    return "requires grad, but the checkpoint's is " +
+           std::string(c10::toString(loaded.scalar_type())) +
+           ": load it into a tensor that does not require grad";
+  if (!at::_has_compatible_shallow_copy_type(target, loaded))
+    return "is a " + target.toString() + " tensor, which cannot take the checkpoint's " +
+           loaded.toString() + " data";
+  return "";
+}
+
 Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
                      const RankInfo& rank) {
   CheckpointReader& reader = *opened.reader;
@@ -457,9 +492,11 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
     auto it = meta.find(kItemPrefix + name);
     return it == meta.end() ? "" : it->second;
   };
-  // The loose tensors: those of tensors.safetensors and its stripe parts.
+  // The loose tensors: those of tensors.safetensors and its stripe parts
+  // (unless that is a module's, one named "tensors").
   std::map<std::string, const TensorEntry*> loose_saved;
-  if (std::any_of(state.items.begin(), state.items.end(),
+  if (kind_of("tensors") != "module" &&
+      std::any_of(state.items.begin(), state.items.end(),
                   [](const StateItem& i) { return i.kind() == StateItem::Kind::kTensor; }))
     for (const auto& t : reader.manifest().tensors)
       if (StripeBaseObject(reader.manifest(), t.object) == kTensorsObject) loose_saved[t.name] = &t;
@@ -482,15 +519,22 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
           return StageTensors(opened, ModuleObject(name), "module " + name, live, map, rank,
                               &loaded);
         }));
-        for (size_t i = 0; i < live.size(); ++i)
+        for (size_t i = 0; i < live.size(); ++i) {
+          if (std::string why = WhyNotApplicable(live[i].second, loaded[i]); !why.empty())
+            return Status(Code::kInvalidArgument,
+                          "module " + name + ": \"" + live[i].first + "\" " + why);
           staged.module_tensors.emplace_back(live[i].second, loaded[i]);
+        }
         break;
       }
       case StateItem::Kind::kOptimizer: {
         if (kind.rfind("optimizer", 0) != 0) return Status(Code::kInvalidArgument, missing);
         CKPTIO_ASSIGN_OR_RETURN(auto bytes, opened.View(OptimizerObject(name)));
-        const std::string device = kind.size() > 10 ? kind.substr(10) : "";  // "optimizer:<d>"
-        staged.optimizers.push_back({&item.optimizer(), std::move(bytes), device});
+        // The mapping sees the device recorded at save time ("optimizer:<d>"),
+        // as for tensors; the optimizer's own where none was recorded.
+        const std::string saved = kind.size() > 10 ? kind.substr(10) : DeviceOf(item.optimizer());
+        CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(saved, rank));
+        staged.optimizers.push_back({name, &item.optimizer(), std::move(bytes), device});
         break;
       }
       case StateItem::Kind::kTensor: {
@@ -514,6 +558,8 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
       CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(entry->device, rank));
       CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(entry->object));
       CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, *entry, device));
+      if (std::string why = WhyNotApplicable(*target, t, /*named=*/true); !why.empty())
+        return Status(Code::kInvalidArgument, "tensor \"" + entry->name + "\" " + why);
       staged.tensors.emplace_back(target, t);
     }
   }
@@ -565,16 +611,31 @@ Status CheckOptimizerState(const torch::optim::Optimizer& opt) {
   return OkStatus();
 }
 
-// Applies a staged load. Optimizers first (the only step that can fail, on
-// an archive that does not fit): on failure every optimizer is restored and
-// nothing else was touched.
-
-Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInfo& rank) {
+// Applies a staged load. Optimizers first (the step expected to fail, on an
+// archive that does not fit): on failure every optimizer is restored and
+// nothing else was touched. Stage refused what the tensors' step would.
+Status Apply(Staged& staged, State& state) {
   std::vector<std::pair<torch::optim::Optimizer*, std::string>> backups;
+  // LibTorch's load only adds and overwrites state entries, so every load
+  // clears first: else state the archive lacks (a parameter with no step
+  // yet when saved, or what a failed load installed) would stay.
+  auto restore = [&] {
+    std::string error;
+    for (auto& [o, b] : backups) {
+      try {
+        o->state().clear();
+        torch::serialize::InputArchive in;
+        in.load_from(b.data(), b.size());
+        o->load(in);
+      } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+      }
+    }
+    return error;
+  };
   for (auto& staged_opt : staged.optimizers) {
     torch::optim::Optimizer* opt = staged_opt.target;
-    const std::shared_ptr<ObjectView>& bytes = staged_opt.bytes;
-    Status s = Guard("loading an optimizer", [&] {
+    Status s = Guard("loading optimizer " + staged_opt.name, [&] {
       std::ostringstream backup;
       {
         torch::serialize::OutputArchive out;
@@ -582,29 +643,15 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
         out.save_to(backup);
       }
       backups.emplace_back(opt, backup.str());
-      // The mapping sees the device recorded at save time, as for tensors.
-      const std::string saved =
-          staged_opt.saved_device.empty() ? DeviceOf(*opt) : staged_opt.saved_device;
-      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(saved, rank));
       torch::serialize::InputArchive in;
-      in.load_from(bytes->data(), static_cast<size_t>(bytes->size()), device);
+      in.load_from(staged_opt.bytes->data(), static_cast<size_t>(staged_opt.bytes->size()),
+                   staged_opt.device);
+      opt->state().clear();
       opt->load(in);
       return CheckOptimizerState(*opt);
     });
     if (!s.ok()) {
-      // LibTorch's load only adds and overwrites state entries: clear first,
-      // or what the failed load installed stays next to the restored state.
-      std::string restore_error;
-      for (auto& [o, b] : backups) {
-        try {
-          o->state().clear();
-          torch::serialize::InputArchive in;
-          in.load_from(b.data(), b.size());
-          o->load(in);
-        } catch (const std::exception& e) {
-          if (restore_error.empty()) restore_error = e.what();
-        }
-      }
+      const std::string restore_error = restore();
       return s.WithContext(
           restore_error.empty()
               ? "the checkpoint's optimizer state does not fit (optimizers restored, modules "
@@ -615,21 +662,29 @@ Status Apply(Staged& staged, State& state, const MapLocation& map, const RankInf
                     "): modules are untouched, but re-create the optimizers before training on");
     }
   }
-  return Guard("applying the loaded tensors (the module may be partly loaded)", [&] {
+  Status tensors = Guard("applying the loaded tensors", [&] {
     ApplyTensors(staged, state);
     return OkStatus();
   });
+  if (tensors.ok()) return tensors;
+  const std::string restore_error = restore();
+  return tensors.WithContext(
+      restore_error.empty()
+          ? "the modules may be partly loaded (optimizers restored)"
+          : "the modules may be partly loaded, and restoring an optimizer's previous state "
+            "failed too (" +
+                restore_error + ")");
 }
 
-// The module and tensor part of Apply: nothing here is expected to fail.
+// The module and tensor part of Apply: nothing here is expected to fail
+// (WhyNotApplicable follows its choices).
 void ApplyTensors(Staged& staged, State& state) {
   torch::NoGradGuard no_grad;
   std::vector<CopyJob> memcpys;  // contiguous CPU parameters: copied on every core
   for (auto& [target, loaded] : staged.module_tensors) {
     // Into the module's own memory where it already has the right place:
     // no fresh allocation, and the parameter keeps its storage.
-    if (target.device() == loaded.device() && target.dtype() == loaded.dtype() &&
-        target.sizes() == loaded.sizes()) {
+    if (CopiesInto(target, loaded)) {
       if (target.device().is_cpu() && target.is_contiguous() && loaded.is_contiguous())
         memcpys.push_back({static_cast<char*>(target.data_ptr()),
                            static_cast<const char*>(loaded.data_ptr()), target.nbytes()});
@@ -1315,8 +1370,8 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
       store_->OpenStep(r.step).status().code() == Code::kNotFound)
     return gone();
   if (!s.ok()) return s.WithContext(what + " of step " + std::to_string(r.step));
-  CKPTIO_RETURN_IF_ERROR(Apply(staged, state, options.map_location, rank_)
-                             .WithContext(what + " of step " + std::to_string(r.step)));
+  CKPTIO_RETURN_IF_ERROR(
+      Apply(staged, state).WithContext(what + " of step " + std::to_string(r.step)));
   return decided;
 }
 
@@ -1377,7 +1432,7 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
       CKPTIO_ASSIGN_OR_RETURN(staged, Stage(**opened, state, map, Single()));
       return OkStatus();
     }));
-    return Apply(staged, state, map, Single());
+    return Apply(staged, state);
   }
   return last;
 }

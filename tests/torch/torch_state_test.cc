@@ -746,6 +746,116 @@ TEST(TorchStateTest, AnOptimizerThatDoesNotFitLeavesEveryOptimizerAsItWas) {
 
 // The one-line save picks the step after the newest committed one, even when
 // LATEST lags it (a crash before LATEST moved) or is unreadable.
+std::string Archive(const torch::optim::Optimizer& opt) {
+  std::ostringstream bytes;
+  torch::serialize::OutputArchive out;
+  opt.save(out);
+  out.save_to(bytes);
+  return bytes.str();
+}
+
+// LibTorch's optimizer load only adds and overwrites state entries: loading
+// a step saved before the first step() must leave the optimizer with no
+// state, as saved, not with the moments it gathered since.
+TEST(TorchStateTest, ALoadedOptimizerHoldsOnlyTheSavedState) {
+  TempDir dir;
+  Net net;
+  torch::optim::Adam adam(net.parameters());
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State state{{"model", net}, {"optim", adam}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  Train(net, adam, 3, 1);
+  ASSERT_FALSE(adam.state().empty());
+  LoadOptions o;
+  o.step = 1;
+  auto got = ckpt->Load(state, o);
+  ASSERT_TRUE(got.ok() && got->has_value()) << (got.ok() ? "nothing" : got.status().ToString());
+  EXPECT_TRUE(adam.state().empty())
+      << adam.state().size() << " parameters kept moments gathered after the save";
+  // Training on agrees with a fresh model and optimizer that load the step.
+  Net fresh;
+  torch::optim::Adam fresh_adam(fresh.parameters());
+  State into{{"model", fresh}, {"optim", fresh_adam}};
+  CKPTIO_ASSERT_OK(ckpt->Load(into, o).status());
+  Train(net, adam, 2, 9);
+  Train(fresh, fresh_adam, 2, 9);
+  EXPECT_TRUE(SameAs(net, Snapshot(fresh)));
+}
+
+// What LibTorch would refuse halfway through applying a load (here a named
+// tensor that requires grad, saved as integers: set_data throws) is refused
+// before anything changes: module, optimizer and tensor stay as they were.
+TEST(TorchStateTest, ATensorThatCannotTakeTheSavedOneFailsTheLoadBeforeAnyChange) {
+  TempDir dir;
+  Net net;
+  torch::optim::Adam adam(net.parameters());
+  Train(net, adam, 2, 1);
+  torch::Tensor counts = torch::arange(4, torch::kInt64);
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State saved{{"model", net}, {"optim", adam}, {"w", counts}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, saved));
+
+  Net net2;
+  torch::optim::Adam adam2(net2.parameters());
+  Train(net2, adam2, 1, 2);
+  torch::Tensor w = torch::zeros({4}, torch::requires_grad());
+  const auto model_before = Snapshot(net2);
+  const std::string adam_before = Archive(adam2);
+  State into{{"model", net2}, {"optim", adam2}, {"w", w}};
+  auto got = ckpt->Load(into);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("\"w\" requires grad, but the checkpoint's is Long"),
+            std::string::npos)
+      << got.status();
+  EXPECT_TRUE(SameAs(net2, model_before)) << "the module changed";
+  EXPECT_EQ(Archive(adam2), adam_before) << "the optimizer changed";
+  EXPECT_TRUE(torch::equal(w, torch::zeros({4})) && w.requires_grad()) << "the tensor changed";
+  // Into a tensor that does not require grad, the same step loads.
+  torch::Tensor plain = torch::zeros({4});
+  State fits{{"model", net2}, {"optim", adam2}, {"w", plain}};
+  CKPTIO_ASSERT_OK(ckpt->Load(fits).status());
+  EXPECT_TRUE(BitEqual(plain, counts));
+  EXPECT_TRUE(SameAs(net2, Snapshot(net)));
+}
+
+// An optimizer's device is mapped before anything loads: a missing GPU is
+// named as such, not as an optimizer state that "does not fit".
+TEST(TorchStateTest, AnOptimizerForAMissingDeviceSaysSoBeforeLoading) {
+  if (torch::cuda::is_available() && torch::cuda::device_count() > 7)
+    GTEST_SKIP() << "this machine has a cuda:7";
+  TempDir dir;
+  Net net;
+  torch::optim::Adam adam(net.parameters());
+  Train(net, adam, 1, 1);
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State state{{"model", net}, {"optim", adam}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  State optim_only{{"optim", adam}};
+  LoadOptions o;
+  o.map_location = MapLocation::To("cuda:7");
+  auto got = ckpt->Load(optim_only, o);
+  EXPECT_EQ(got.status().code(), Code::kFailedPrecondition) << got.status();
+  EXPECT_NE(got.status().message().find("cuda:7"), std::string::npos) << got.status();
+  EXPECT_EQ(got.status().message().find("does not fit"), std::string::npos) << got.status();
+}
+
+// A module may be named "tensors" (without named tensors beside it); its
+// parameters are not named tensors to a later load.
+TEST(TorchStateTest, AModuleNamedTensorsIsNoSourceOfNamedTensors) {
+  TempDir dir;
+  Net net;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  State state{{"tensors", net}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  torch::Tensor t = torch::zeros({16, 8});
+  State into{{"fc1.weight", t}};
+  auto got = ckpt->Load(into);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("has no tensor named \"fc1.weight\""), std::string::npos)
+      << got.status();
+  EXPECT_TRUE(torch::equal(t, torch::zeros({16, 8})));
+}
+
 TEST(TorchStateTest, OneLineSaveCarriesOnWhenLatestLagsOrIsDamaged) {
   TempDir dir;
   const std::string uri = dir.Sub("one");
