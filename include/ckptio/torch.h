@@ -18,8 +18,10 @@
 // tensor's name, dtype, shape, saved device and byte range.
 //
 // Loading is all or nothing: every byte is verified and every tensor staged
-// (on its target device) before the first module, optimizer or tensor of the
-// caller changes; an optimizer whose archive does not fit is restored.
+// (on its target device, and checked to be one LibTorch lets replace its
+// target) before the first module, optimizer or tensor of the caller
+// changes; an optimizer's state is replaced, not merged, and one whose
+// archive does not fit is restored.
 // Each object is read once per load: mapped privately (copy-on-write) on
 // local file systems, read into one buffer elsewhere, and verified chunk by
 // chunk on every core. A module parameter already on the target device with

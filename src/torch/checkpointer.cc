@@ -456,23 +456,27 @@ bool CopiesInto(const torch::Tensor& target, const torch::Tensor& loaded) {
          target.sizes() == loaded.sizes();
 }
 
+// Whether ApplyTensors rebinds a named tensor to the loaded one: a tensor
+// from .detach() or .data(), or an inference tensor, refuses set_ and
+// set_data.
+bool Rebinds(const torch::Tensor& target) {
+  return !target.defined() || target.is_inference() ||
+         !target.unsafeGetTensorImpl()->allow_tensor_metadata_change();
+}
+
 // Why LibTorch would refuse to put `loaded` into `target` (a module's, or
 // with `named`, a named tensor, which takes the saved dtype and shape), or
 // "": ApplyTensors must not fail halfway, so Stage refuses first.
 std::string WhyNotApplicable(const torch::Tensor& target, const torch::Tensor& loaded,
                              bool named = false) {
-  if (named && (!target.defined() || target.is_inference() ||
-                !target.unsafeGetTensorImpl()->allow_tensor_metadata_change()))
-    return "";  // rebound
-  const bool inference = target.is_inference() && !c10::InferenceMode::is_enabled();
+  if (named && Rebinds(target)) return "";
+  if (target.is_inference() && !c10::InferenceMode::is_enabled())
+    return "is an inference tensor: load into it inside torch::InferenceMode, or into another";
   if (named ? target.device() == loaded.device() && target.dtype() == loaded.dtype()
-            : CopiesInto(target, loaded)) {
-    if (inference) return "is an inference tensor: load outside torch::InferenceMode into it";
-    if (!named && at::has_internal_overlap(target) == at::MemOverlap::Yes)
-      return "has elements sharing memory (expanded): it cannot be loaded into";
-    return "";
-  }
-  if (inference) return "is an inference tensor: load outside torch::InferenceMode into it";
+            : CopiesInto(target, loaded))  // set_, or copy_
+    return !named && at::has_internal_overlap(target) == at::MemOverlap::Yes
+               ? "has elements sharing memory (expanded): it cannot be loaded into"
+               : "";
   if (target.requires_grad() && !loaded.is_floating_point() && !loaded.is_complex())
     return "requires grad, but the checkpoint's is " +
            std::string(c10::toString(loaded.scalar_type())) +
@@ -698,10 +702,7 @@ void ApplyTensors(Staged& staged, State& state) {
   // As torch::load: the caller's tensor stays the same tensor (an optimizer
   // holding it sees the loaded values) and keeps requires_grad.
   for (auto& [target, loaded] : staged.tensors) {
-    // A tensor from .detach() or .data(), or an inference tensor, refuses
-    // set_ and set_data: it is rebound, as before (nothing here may throw).
-    if (!target->defined() || target->is_inference() ||
-        !target->unsafeGetTensorImpl()->allow_tensor_metadata_change())
+    if (Rebinds(*target))
       *target = loaded;
     else if (target->device() == loaded.device() && target->dtype() == loaded.dtype())
       target->set_(loaded);
