@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <system_error>
+#include <exception>
 #include <thread>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -56,8 +56,8 @@ void RunOnThreads(unsigned threads, const std::function<void()>& work) {
   for (unsigned i = 1; i < threads; ++i) {
     try {
       helpers.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // no more threads to be had: those running do the rest
+    } catch (const std::exception&) {  // std::system_error, std::bad_alloc
+      break;                           // no more threads to be had: those running do the rest
     }
   }
   work();

@@ -9,10 +9,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <set>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -388,7 +388,12 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
     // No map: read chunk by chunk, hashing each while it is in cache.
     auto view = std::make_shared<BufferView>(e->size);
     std::optional<Populator> populate;
-    if (e->size >= (16u << 20)) populate.emplace(view->data(), e->size);
+    if (e->size >= (16u << 20)) {
+      try {
+        populate.emplace(view->data(), e->size);
+      } catch (const std::exception&) {  // no thread to be had: the read faults its pages
+      }
+    }
     for (uint64_t c = 0; c < e->chunks.size(); ++c) {
       auto [lo, len] = chunk_range(c);
       CKPTIO_RETURN_IF_ERROR(reader->ReadAt(lo, view->data() + lo, len).WithContext(where));
@@ -547,7 +552,7 @@ class Overlap {
     if (!thread_.joinable()) {
       try {
         thread_ = std::thread([this] { Loop(); });
-      } catch (const std::system_error&) {
+      } catch (const std::exception&) {  // std::system_error, std::bad_alloc
         compute();
         return io();
       }

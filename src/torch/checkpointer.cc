@@ -1,8 +1,11 @@
 // Checkpointer: rank-0 saves, waiting ranks, agreed loads.
+#include <ATen/MemoryOverlap.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -10,7 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <system_error>
 #include <thread>
 
 #include "ckptio/backends.h"
@@ -450,10 +452,15 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
 }
 
 // How ApplyTensors puts a loaded tensor into a module's: copied into the
-// module's memory where that has the right place, else its data replaced.
+// module's memory where that has the right place (byte for byte where both
+// are contiguous on the CPU), else its data replaced.
 bool CopiesInto(const torch::Tensor& target, const torch::Tensor& loaded) {
   return target.device() == loaded.device() && target.dtype() == loaded.dtype() &&
          target.sizes() == loaded.sizes();
+}
+bool MemcpysInto(const torch::Tensor& target, const torch::Tensor& loaded) {
+  return CopiesInto(target, loaded) && target.device().is_cpu() && target.is_contiguous() &&
+         loaded.is_contiguous();
 }
 
 // Whether ApplyTensors rebinds a named tensor to the loaded one: a tensor
@@ -469,7 +476,7 @@ bool Rebinds(const torch::Tensor& target) {
 // "": ApplyTensors must not fail halfway, so Stage refuses first.
 std::string WhyNotApplicable(const torch::Tensor& target, const torch::Tensor& loaded,
                              bool named = false) {
-  if (named && Rebinds(target)) return "";
+  if (named ? Rebinds(target) : MemcpysInto(target, loaded)) return "";
   if (target.is_inference() && !c10::InferenceMode::is_enabled())
     return "is an inference tensor: load into it inside torch::InferenceMode, or into another";
   if (named ? target.device() == loaded.device() && target.dtype() == loaded.dtype()
@@ -689,7 +696,7 @@ void ApplyTensors(Staged& staged, State& state) {
     // Into the module's own memory where it already has the right place:
     // no fresh allocation, and the parameter keeps its storage.
     if (CopiesInto(target, loaded)) {
-      if (target.device().is_cpu() && target.is_contiguous() && loaded.is_contiguous())
+      if (MemcpysInto(target, loaded))
         memcpys.push_back({static_cast<char*>(target.data_ptr()),
                            static_cast<const char*>(loaded.data_ptr()), target.nbytes()});
       else
@@ -1055,7 +1062,7 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
       async_->unreported = !s.ok();
       promise->set_value(std::move(s));
     });
-  } catch (const std::system_error& e) {  // RLIMIT_NPROC, memory
+  } catch (const std::exception& e) {  // std::system_error (RLIMIT_NPROC), std::bad_alloc
     std::cerr << "ckptio: warning: SaveAsync of step " << step << " could not start its thread ("
               << e.what() << "): saving synchronously\n";
     return done_now(SaveNow(step, attempt, *staged));

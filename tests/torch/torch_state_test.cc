@@ -744,8 +744,6 @@ TEST(TorchStateTest, AnOptimizerThatDoesNotFitLeavesEveryOptimizerAsItWas) {
   EXPECT_EQ(before.str(), after.str());
 }
 
-// The one-line save picks the step after the newest committed one, even when
-// LATEST lags it (a crash before LATEST moved) or is unreadable.
 std::string Archive(const torch::optim::Optimizer& opt) {
   std::ostringstream bytes;
   torch::serialize::OutputArchive out;
@@ -856,6 +854,57 @@ TEST(TorchStateTest, AModuleNamedTensorsIsNoSourceOfNamedTensors) {
   EXPECT_TRUE(torch::equal(t, torch::zeros({16, 8})));
 }
 
+// Modules LibTorch lets a load change, and one it does not: parameters made
+// under InferenceMode load outside it where they are filled byte for byte
+// (contiguous, on the CPU), and a transposed one (copy_ would throw) or an
+// expanded buffer (elements sharing memory) is refused before any change.
+TEST(TorchStateTest, ModulesLoadWhereLibTorchLetsThemAndAreRefusedWholeElsewhere) {
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::nn::Linear saved(4, 4);
+  saved->register_buffer("counts", torch::arange(4, torch::kFloat));
+  State state{{"model", *saved}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+
+  torch::nn::Linear inference{nullptr};
+  {
+    c10::InferenceMode guard;
+    inference = torch::nn::Linear(4, 4);
+    inference->register_buffer("counts", torch::zeros({4}));
+  }
+  State into{{"model", *inference}};
+  CKPTIO_ASSERT_OK(ckpt->Load(into).status());
+  EXPECT_TRUE(SameAs(*inference, Snapshot(*saved)));
+
+  auto refused = [&](torch::nn::Module& m, const std::string& why) {
+    SCOPED_TRACE(why);
+    const auto before = Snapshot(m);
+    State s{{"model", m}};
+    auto got = ckpt->Load(s);
+    EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+    EXPECT_NE(got.status().message().find(why), std::string::npos) << got.status();
+    EXPECT_TRUE(SameAs(m, before)) << "the module changed";
+  };
+  // Linear's tensors, as given.
+  struct Like : torch::nn::Module {
+    Like(torch::Tensor weight, torch::Tensor counts) {
+      register_parameter("weight", std::move(weight), /*requires_grad=*/false);
+      register_parameter("bias", torch::zeros({4}), /*requires_grad=*/false);
+      register_buffer("counts", std::move(counts));
+    }
+  };
+  std::unique_ptr<Like> transposed;
+  {
+    c10::InferenceMode guard;
+    transposed = std::make_unique<Like>(torch::rand({4, 4}).t(), torch::zeros({4}));
+  }
+  refused(*transposed, "\"weight\" is an inference tensor");
+  Like expanded(torch::rand({4, 4}), torch::zeros({1}).expand({4}));
+  refused(expanded, "\"counts\" has elements sharing memory");
+}
+
+// The one-line save picks the step after the newest committed one, even when
+// LATEST lags it (a crash before LATEST moved) or is unreadable.
 TEST(TorchStateTest, OneLineSaveCarriesOnWhenLatestLagsOrIsDamaged) {
   TempDir dir;
   const std::string uri = dir.Sub("one");
