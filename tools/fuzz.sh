@@ -12,7 +12,7 @@ cxx="clang++"
 command -v ccache >/dev/null && cxx="ccache clang++"
 flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -I"$root/include" -I"$root/src")
-core=(backend hash manifest object_io safetensors status store strict_json text)
+core=(backend copy hash manifest object_io safetensors status store strict_json text)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(manifest records names safetensors)
 
