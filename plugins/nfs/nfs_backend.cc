@@ -526,9 +526,19 @@ class Connection {
              (!in_flight.empty() && seen == in_flight);
     }
   };
-  void StartKeepalive() {  // callers hold locks_mu
-    if (keepalive.joinable()) return;
-    keepalive = std::thread([this] { KeepaliveLoop(); });
+  // Starts the renewal thread, before the first lock is taken: a lock that
+  // nobody renews would end with its lease while its holder still writes
+  // (callers hold locks_mu).
+  Status StartKeepalive() {
+    if (keepalive.joinable()) return OkStatus();
+    try {
+      keepalive = std::thread([this] { KeepaliveLoop(); });
+    } catch (const std::exception& e) {  // std::system_error (EAGAIN), std::bad_alloc
+      return Status(Code::kResourceExhausted,
+                    uri + ": no lock taken: cannot start the thread that renews locks (" +
+                        e.what() + "); raise the process or memory limits");
+    }
+    return OkStatus();
   }
   // Unlocks, closes and disconnects a v4 lock (once, by whoever set ended
   // or saw released). A server that just timed out on the data connection
@@ -1328,6 +1338,7 @@ class NfsBackend : public StorageBackend {
       std::lock_guard<std::mutex> l(c_->locks_mu);
       if (c_->held.count(std::string(key)))
         return Status(Code::kFailedPrecondition, path + " is already locked by this process");
+      CKPTIO_RETURN_IF_ERROR(c_->StartKeepalive());
     }
     CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
     Connection::Held h;
@@ -1382,7 +1393,6 @@ class NfsBackend : public StorageBackend {
     }
     std::lock_guard<std::mutex> l(c_->locks_mu);
     c_->held.emplace(std::string(key), std::move(h));
-    c_->StartKeepalive();
     return std::unique_ptr<BackendLock>(std::make_unique<NfsLock>(c_, std::string(key)));
   }
 

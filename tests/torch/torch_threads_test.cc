@@ -1,50 +1,20 @@
 // Where the system gives no more threads (RLIMIT_NPROC, memory), saves and
 // loads still work: the copies, the hashing and the write overlap run on
-// the caller's thread, and SaveAsync saves synchronously, saying so. This
-// binary defines pthread_create, which refuses while `refuse` is set.
-#include <dlfcn.h>
-#include <pthread.h>
-
-#include <atomic>
-#include <cerrno>
+// the caller's thread, and SaveAsync saves synchronously, saying so
+// (thread starts refused by refuse_threads.cc's pthread_create).
 #include <chrono>
 #include <future>
 #include <string>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/torch.h"
+#include "refuse_threads.h"
 #include "test_util.h"
-
-namespace {
-std::atomic<bool> refuse{false};
-std::atomic<int> refused{0};
-}  // namespace
-
-extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attr, void* (*start)(void*),
-                              void* arg) {
-  using Create = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
-  static const Create real = reinterpret_cast<Create>(::dlsym(RTLD_NEXT, "pthread_create"));
-  if (refuse.load()) {
-    ++refused;
-    return EAGAIN;
-  }
-  return real(thread, attr, start, arg);
-}
 
 namespace ckptio {
 namespace {
 
 using testing::TempDir;
-
-// No new thread while it lives.
-class NoThreads {
- public:
-  NoThreads() {
-    refused = 0;
-    refuse = true;
-  }
-  ~NoThreads() { refuse = false; }
-};
 
 TEST(NoThreadsTest, SaveSaveAsyncAndLoadWorkOnTheCallersThread) {
   torch::set_num_threads(1);  // LibTorch's own pool would abort without its threads
@@ -55,7 +25,7 @@ TEST(NoThreadsTest, SaveSaveAsyncAndLoadWorkOnTheCallersThread) {
   auto ckpt = Checkpointer::Open(dir.Sub("store"), RankInfo{});
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   {
-    NoThreads none;
+    testing::RefuseThreads none;
     CKPTIO_ASSERT_OK((*ckpt)->Save(1, State{{"t", saved}}));
     ::testing::internal::CaptureStderr();
     auto async = (*ckpt)->SaveAsync(2, State{{"t", saved}});
@@ -71,7 +41,7 @@ TEST(NoThreadsTest, SaveSaveAsyncAndLoadWorkOnTheCallersThread) {
         << (loaded.ok() ? "nothing to load" : loaded.status().ToString());
     EXPECT_EQ((*loaded)->step, 2);
     EXPECT_TRUE(torch::equal(into, saved));
-    EXPECT_GT(refused.load(), 0) << "no thread was refused: the test proves nothing";
+    EXPECT_GT(none.refused(), 0) << "no thread was refused: the test proves nothing";
   }
   for (int64_t step : {1, 2}) {
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, (*ckpt)->store().OpenStep(step));

@@ -37,6 +37,7 @@
 #include "conformance.h"
 #include "nfs_server.h"
 #include "process.h"
+#include "refuse_threads.h"
 #include "test_util.h"
 
 // Fault hooks. This executable defines libnfs's sync calls that the backend
@@ -1205,6 +1206,28 @@ TEST_P(NfsV4Faults, ALockWhoseRenewalsFailIsHeldOnlyWhileTheServerSaysSo) {
     lock->reset();
   }
   holder.reset();  // joins the keepalive thread before the hook's captures go
+}
+
+// A lock needs the thread that renews it: where none can be started
+// (RLIMIT_NPROC, memory), TryLock says so and takes nothing, rather than
+// throw out of a Status API or hold a lock that ends with its lease while
+// its holder still writes.
+TEST_P(NfsBackendFaults, NoLockIsTakenWithoutItsRenewalThread) {
+  {
+    testing::RefuseThreads none;
+    auto lock = backend_->TryLock("lk");
+    EXPECT_GT(none.refused(), 0) << "no thread start was refused: the test proves nothing";
+    ASSERT_FALSE(lock.ok()) << "a lock that nobody renews";
+    EXPECT_EQ(lock.status().code(), Code::kResourceExhausted) << lock.status();
+    EXPECT_NE(lock.status().message().find("renews locks"), std::string::npos) << lock.status();
+  }
+  auto other = Backend();
+  ASSERT_TRUE(other);
+  auto locked = other->IsLocked("lk");
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  EXPECT_FALSE(*locked) << "the refused TryLock left the lock held";
+  auto lock = backend_->TryLock("lk");  // threads again: the same backend locks
+  EXPECT_TRUE(lock.ok()) << lock.status();
 }
 
 // NFSv3 lease locks: IsLocked takes a lease for expired only past a third
