@@ -451,12 +451,20 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
   return OkStatus();
 }
 
+// Whether `target` can take `loaded`'s bytes in place (copy_, set_): the
+// same device and dtype, and dense. A sparse (or other non-strided) tensor
+// has no storage of its own to take them; its data is replaced instead,
+// which WhyNotApplicable refuses.
+bool TakesInPlace(const torch::Tensor& target, const torch::Tensor& loaded) {
+  return target.layout() == torch::kStrided && target.device() == loaded.device() &&
+         target.dtype() == loaded.dtype();
+}
+
 // How ApplyTensors puts a loaded tensor into a module's: copied into the
 // module's memory where that has the right place (byte for byte where both
 // are contiguous on the CPU), else its data replaced.
 bool CopiesInto(const torch::Tensor& target, const torch::Tensor& loaded) {
-  return target.device() == loaded.device() && target.dtype() == loaded.dtype() &&
-         target.sizes() == loaded.sizes();
+  return TakesInPlace(target, loaded) && target.sizes() == loaded.sizes();
 }
 bool MemcpysInto(const torch::Tensor& target, const torch::Tensor& loaded) {
   return CopiesInto(target, loaded) && target.device().is_cpu() && target.is_contiguous() &&
@@ -479,8 +487,7 @@ std::string WhyNotApplicable(const torch::Tensor& target, const torch::Tensor& l
   if (named ? Rebinds(target) : MemcpysInto(target, loaded)) return "";
   if (target.is_inference() && !c10::InferenceMode::is_enabled())
     return "is an inference tensor: load into it inside torch::InferenceMode, or into another";
-  if (named ? target.device() == loaded.device() && target.dtype() == loaded.dtype()
-            : CopiesInto(target, loaded))  // set_, or copy_
+  if (named ? TakesInPlace(target, loaded) : CopiesInto(target, loaded))  // set_, or copy_
     return !named && at::has_internal_overlap(target) == at::MemOverlap::Yes
                ? "has elements sharing memory (expanded): it cannot be loaded into"
                : "";
@@ -711,7 +718,7 @@ void ApplyTensors(Staged& staged, State& state) {
   for (auto& [target, loaded] : staged.tensors) {
     if (Rebinds(*target))
       *target = loaded;
-    else if (target->device() == loaded.device() && target->dtype() == loaded.dtype())
+    else if (TakesInPlace(*target, loaded))
       target->set_(loaded);
     else
       target->set_data(loaded);

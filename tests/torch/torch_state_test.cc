@@ -808,6 +808,14 @@ TEST(TorchStateTest, ATensorThatCannotTakeTheSavedOneFailsTheLoadBeforeAnyChange
   EXPECT_TRUE(SameAs(net2, model_before)) << "the module changed";
   EXPECT_EQ(Archive(adam2), adam_before) << "the optimizer changed";
   EXPECT_TRUE(torch::equal(w, torch::zeros({4})) && w.requires_grad()) << "the tensor changed";
+  // Nor does a sparse tensor of the saved dtype take it (set_ would throw).
+  torch::Tensor sparse = torch::zeros({4}, torch::kInt64).to_sparse();
+  State into_sparse{{"model", net2}, {"w", sparse}};
+  got = ckpt->Load(into_sparse);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("\"w\" is a Sparse"), std::string::npos) << got.status();
+  EXPECT_TRUE(SameAs(net2, model_before)) << "the module changed";
+  EXPECT_TRUE(sparse.is_sparse() && sparse._nnz() == 0) << "the tensor changed";
   // Into a tensor that does not require grad, the same step loads.
   torch::Tensor plain = torch::zeros({4});
   State fits{{"model", net2}, {"optim", adam2}, {"w", plain}};
@@ -901,6 +909,33 @@ TEST(TorchStateTest, ModulesLoadWhereLibTorchLetsThemAndAreRefusedWholeElsewhere
   refused(*transposed, "\"weight\" is an inference tensor");
   Like expanded(torch::rand({4, 4}), torch::zeros({1}).expand({4}));
   refused(expanded, "\"counts\" has elements sharing memory");
+  // A module on the meta device (no memory: its tensors take data by
+  // set_data, which refuses another tensor type), and a sparse parameter
+  // (no storage to copy into; nor will set_data take dense data).
+  Like meta(torch::empty({4, 4}, torch::kMeta), torch::zeros({4}));
+  {
+    State s{{"model", meta}};
+    auto got = ckpt->Load(s);
+    EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+    EXPECT_NE(got.status().message().find("\"weight\" is a "), std::string::npos) << got.status();
+    EXPECT_NE(got.status().message().find("which cannot take the checkpoint's"), std::string::npos)
+        << got.status();
+    auto p = meta.named_parameters();
+    EXPECT_TRUE(p["weight"].is_meta());
+    EXPECT_TRUE(BitEqual(p["bias"], torch::zeros({4}))) << "the module changed";
+  }
+  const torch::Tensor dense = torch::rand({4, 4});
+  Like sparse(dense.to_sparse(), torch::zeros({4}));
+  {
+    State s{{"model", sparse}};
+    auto got = ckpt->Load(s);
+    EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+    EXPECT_NE(got.status().message().find("\"weight\" is a Sparse"), std::string::npos)
+        << got.status();
+    auto p = sparse.named_parameters();
+    EXPECT_TRUE(p["weight"].is_sparse() && BitEqual(p["weight"].to_dense(), dense));
+    EXPECT_TRUE(BitEqual(p["bias"], torch::zeros({4}))) << "the module changed";
+  }
 }
 
 // The one-line save picks the step after the newest committed one, even when
