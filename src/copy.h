@@ -1,5 +1,6 @@
 // Large memory copies (internal): staging for SaveAsync, loads into
-// existing parameters.
+// existing parameters; and the helper threads they and the verified view's
+// hashing share (RunOnThreads).
 #ifndef CKPTIO_SRC_COPY_H_
 #define CKPTIO_SRC_COPY_H_
 
