@@ -21,6 +21,7 @@
 #include "ckptio/torch.h"
 #include "copy.h"
 #include "text.h"
+#include "torch/pinned_copy.h"
 #include "torch/state_key.h"
 
 namespace ckptio {
@@ -353,6 +354,9 @@ Status WritePlan(PendingCheckpoint& pending, const SavePlan& plan) {
 // Everything a load will apply, prepared without touching the caller's state.
 struct Staged {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;  // (target, loaded)
+  // (a module's contiguous tensor on a GPU, its verified bytes on the host):
+  // copied into the tensor's own memory, with no second copy on the GPU.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> into_gpu;
   struct Optimizer {
     std::string name;
     torch::optim::Optimizer* target;
@@ -413,9 +417,16 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 
 // Stages the tensors `wanted` (name -> live tensor) from `object`: every
 // name present with the same dtype and shape, nothing extra.
+// A module's tensor as staged: on its device, or (`into_gpu`) its verified
+// bytes on the host, for a GPU tensor that takes them in place.
+struct StagedTensor {
+  torch::Tensor loaded;
+  bool into_gpu = false;
+};
+
 Status StageTensors(OpenedStep& opened, const std::string& object, const std::string& what,
                     const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
-                    const MapLocation& map, const RankInfo& rank, std::vector<torch::Tensor>* out) {
+                    const MapLocation& map, const RankInfo& rank, std::vector<StagedTensor>* out) {
   CheckpointReader& reader = *opened.reader;
   CKPTIO_RETURN_IF_ERROR(opened.View(object).status());
   std::map<std::string, const TensorEntry*> saved;  // from the object and its stripes' parts
@@ -435,13 +446,28 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
                                                 ShapeStr(live.sizes().vec()) + " in the model");
     CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(e.device, rank));
     CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(e.object));
-    CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, e, device));
+    // A GPU tensor that is where the bytes go takes them in place from the
+    // host: staging them on the GPU first would hold the module twice there.
+    const bool into_gpu = device.is_cuda() && live.device() == device &&
+                          live.layout() == torch::kStrided && live.is_contiguous() &&
+                          live.numel() > 0;
+    CKPTIO_ASSIGN_OR_RETURN(
+        torch::Tensor t, TensorFromView(view, e, into_gpu ? torch::Device(torch::kCPU) : device));
+    if (into_gpu) {
+      try {
+        internal::ReservePinned();  // the copy into the module must not fail for want of it
+      } catch (const c10::Error& err) {
+        return Status(Code::kResourceExhausted, where + ": pinned host memory for the copy to " +
+                                                    device.str() + ": " +
+                                                    err.what_without_backtrace());
+      }
+    }
     if (t.scalar_type() != live.scalar_type())
       return Status(Code::kInvalidArgument,
                     where + ": tensor \"" + name + "\" is " +
                         std::string(c10::toString(t.scalar_type())) + " in the checkpoint but " +
                         std::string(c10::toString(live.scalar_type())) + " in the model");
-    out->push_back(t);
+    out->push_back({t, into_gpu});
     saved.erase(it);
   }
   if (!saved.empty())
@@ -532,16 +558,20 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
       case StateItem::Kind::kModule: {
         if (kind != "module") return Status(Code::kInvalidArgument, missing);
         auto live = ModuleTensors(item.module());
-        std::vector<torch::Tensor> loaded;
+        std::vector<StagedTensor> loaded;
         CKPTIO_RETURN_IF_ERROR(Guard("loading module " + name, [&] {
           return StageTensors(opened, ModuleObject(name), "module " + name, live, map, rank,
                               &loaded);
         }));
         for (size_t i = 0; i < live.size(); ++i) {
-          if (std::string why = WhyNotApplicable(live[i].second, loaded[i]); !why.empty())
+          if (loaded[i].into_gpu) {  // a byte copy into its memory, as MemcpysInto
+            staged.into_gpu.emplace_back(live[i].second, loaded[i].loaded);
+            continue;
+          }
+          if (std::string why = WhyNotApplicable(live[i].second, loaded[i].loaded); !why.empty())
             return Status(Code::kInvalidArgument,
                           "module " + name + ": \"" + live[i].first + "\" " + why);
-          staged.module_tensors.emplace_back(live[i].second, loaded[i]);
+          staged.module_tensors.emplace_back(live[i].second, loaded[i].loaded);
         }
         break;
       }
@@ -713,6 +743,7 @@ void ApplyTensors(Staged& staged, State& state) {
     }
   }
   ParallelCopy(memcpys);
+  for (auto& [target, loaded] : staged.into_gpu) internal::CopyThroughPinned(loaded, target);
   // As torch::load: the caller's tensor stays the same tensor (an optimizer
   // holding it sees the loaded values) and keeps requires_grad.
   for (auto& [target, loaded] : staged.tensors) {

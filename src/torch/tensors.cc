@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "ckptio/torch.h"
+#include "torch/pinned_copy.h"
 
 namespace ckptio {
 
@@ -159,41 +160,54 @@ Status WriteSafetensors(StripeWriter& stripe, const std::string& object,
   return WriteSafetensorsTo(stripe, object, tensors, devices);
 }
 
+namespace internal {
 namespace {
-// Copies a contiguous CPU tensor (typically backed by a file map, which CUDA
-// cannot copy from directly) onto `device` through one pinned host buffer
-// of the process, allocated on first use and reused (never freed: freeing
-// pinned memory after CUDA shut down at exit is an error): 64 MiB pieces,
-// each a host memcpy and a copy from pinned memory.
-torch::Tensor ToCudaThroughPinned(const torch::Tensor& cpu, torch::Device device) {
-  constexpr int64_t kPiece = 64 << 20;
-  static std::mutex mu;
-  static torch::Tensor* pinned_buffer = nullptr;
-  std::lock_guard<std::mutex> lock(mu);
+constexpr int64_t kPinnedPiece = 64 << 20;
+std::mutex pinned_mu;
+// Never freed: freeing pinned memory after CUDA shut down at exit is an
+// error.
+torch::Tensor* pinned_buffer = nullptr;  // under pinned_mu
+
+void ReservePinnedLocked() {
   if (!pinned_buffer)
-    pinned_buffer = new torch::Tensor(
-        torch::empty({kPiece}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true)));
-  torch::Tensor& pinned = *pinned_buffer;
-  torch::Tensor out = torch::empty(cpu.sizes(), cpu.options().device(device));
-  const int64_t total = static_cast<int64_t>(cpu.nbytes());
-  const char* src = static_cast<const char*>(cpu.data_ptr());
-  char* dst = static_cast<char*>(out.data_ptr());
-  for (int64_t off = 0; off < total; off += kPiece) {
-    const int64_t n = std::min(kPiece, total - off);
-    std::memcpy(pinned.data_ptr(), src + off, static_cast<size_t>(n));
-    torch::Tensor gpu = torch::from_blob(
-        dst + off, {n}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
-    gpu.copy_(pinned.narrow(0, 0, n));  // synchronous: the buffer is reused next
-  }
-  return out;
+    pinned_buffer = new torch::Tensor(torch::empty(
+        {kPinnedPiece}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true)));
+}
+}  // namespace
+
+void ReservePinned() {
+  std::lock_guard<std::mutex> lock(pinned_mu);
+  ReservePinnedLocked();
 }
 
+void CopyThroughPinned(const torch::Tensor& cpu, const torch::Tensor& dst) {
+  std::lock_guard<std::mutex> lock(pinned_mu);
+  ReservePinnedLocked();
+  const torch::Tensor& pinned = *pinned_buffer;
+  const int64_t total = static_cast<int64_t>(cpu.nbytes());
+  const char* src = static_cast<const char*>(cpu.data_ptr());
+  char* out = static_cast<char*>(dst.data_ptr());
+  for (int64_t off = 0; off < total; off += kPinnedPiece) {
+    const int64_t n = std::min(kPinnedPiece, total - off);
+    std::memcpy(pinned.data_ptr(), src + off, static_cast<size_t>(n));
+    torch::Tensor gpu = torch::from_blob(
+        out + off, {n}, torch::TensorOptions().dtype(torch::kUInt8).device(dst.device()));
+    gpu.copy_(pinned.narrow(0, 0, n));  // synchronous: the buffer is reused next
+  }
+}
+}  // namespace internal
+
+namespace {
 // `cpu` (tensor `entry`, verified) on `device`.
 Result<torch::Tensor> OnDevice(const torch::Tensor& cpu, const TensorEntry& entry,
                                torch::Device device) {
   if (device.is_cpu()) return cpu;
   try {
-    if (device.is_cuda() && cpu.nbytes() > 0) return ToCudaThroughPinned(cpu, device);
+    if (device.is_cuda() && cpu.nbytes() > 0) {
+      torch::Tensor out = torch::empty(cpu.sizes(), cpu.options().device(device));
+      internal::CopyThroughPinned(cpu, out);
+      return out;
+    }
     return cpu.to(device);
   } catch (const c10::Error& e) {
     return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +

@@ -1,9 +1,6 @@
 // Checkpointer::SaveAsync: the call returns once the state is staged, the
 // commit happens in the background with every invariant, errors surface on
 // the future and on the next call, the destructor waits.
-#include <c10/core/Allocator.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,6 +13,7 @@
 #include "ckptio/posix_backend.h"
 #include "ckptio/torch.h"
 #include "cuda_test_util.h"
+#include "memory_of_this_thread.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -399,29 +397,6 @@ TEST_F(AsyncSaveTest, TheKeptTensorBufferCountsWhenASaveStagesNoTensor) {
   EXPECT_EQ(warning.find("needs 0 bytes"), std::string::npos) << warning;
 }
 
-// LibTorch's memory profiling hook, on this thread: the CPU tensor memory
-// allocated while it is installed, live and at its peak.
-class CpuMemoryOfThisThread : public c10::MemoryReportingInfoBase {
-  // reportMemoryUsage's totals are int64_t in LibTorch 1.13, size_t in 2.x.
-  template <typename F>
-  struct TotalOf;
-  template <typename C, typename T>
-  struct TotalOf<void (C::*)(void*, int64_t, T, T, c10::Device)> {
-    using type = T;
-  };
-  using Total = TotalOf<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
-
- public:
-  void reportMemoryUsage(void*, int64_t size, Total, Total, c10::Device device) override {
-    if (!device.is_cpu()) return;
-    live += size;
-    peak = std::max(peak, live);
-  }
-  bool memoryProfilingEnabled() const override { return true; }
-
-  int64_t live = 0, peak = 0;
-};
-
 // A state that grows between saves gets a larger staging buffer; the old
 // one is freed first, so staging never holds more than the limit: 24 then
 // 32 MiB of tensors under a 40 MiB limit (both buffers at once: 56 MiB).
@@ -432,7 +407,7 @@ TEST_F(AsyncSaveTest, AGrowingStateNeverHoldsTwoStagingBuffers) {
   o.max_staging_bytes = 40 * kMiB;
   auto ckpt = Open(o);
   ASSERT_TRUE(ckpt);
-  auto memory = std::make_shared<CpuMemoryOfThisThread>();
+  auto memory = std::make_shared<testing::MemoryOfThisThread>(c10::DeviceType::CPU);
   {
     c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, memory);
     auto first = ckpt->SaveAsync(1, State{{"t", small}});

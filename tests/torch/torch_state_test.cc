@@ -10,6 +10,7 @@
 #include "ckptio/posix_backend.h"
 #include "ckptio/torch.h"
 #include "cuda_test_util.h"
+#include "memory_of_this_thread.h"
 #include "tcp_store_test_util.h"
 #include "test_util.h"
 
@@ -1439,6 +1440,42 @@ TEST(TorchStateTest, CudaRoundTrip) {
   ASSERT_TRUE(ckpt->Load(in, o).ok());
   EXPECT_TRUE(out.is_cuda());
   EXPECT_TRUE(BitEqual(out, t));
+}
+
+// A module on a GPU loads into its own memory there: the verified bytes go
+// from the host through the pinned buffer, with no second copy of the
+// module on the GPU (a model that fills more than half of it still loads).
+TEST(TorchStateTest, CudaModuleLoadsWithoutASecondCopyOnTheGpu) {
+  CKPTIO_REQUIRE_CUDA();
+  constexpr int64_t kMiB = 1 << 20;
+  const torch::Device gpu("cuda:0");
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::nn::Linear saved(2048, 4096);  // 32 MiB of weight
+  saved->to(gpu);
+  State state{{"model", *saved}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  torch::nn::Linear into(2048, 4096);
+  into->to(gpu);
+  const void* weight_memory = into->weight.data_ptr();
+  {
+    auto probe = std::make_shared<testing::MemoryOfThisThread>(c10::DeviceType::CUDA);
+    c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, probe);
+    torch::Tensor mib =
+        torch::empty({kMiB}, torch::TensorOptions().dtype(torch::kUInt8).device(gpu));
+    ASSERT_GE(probe->peak, kMiB) << "the hook sees no GPU memory: the test would prove nothing";
+  }
+  auto memory = std::make_shared<testing::MemoryOfThisThread>(c10::DeviceType::CUDA);
+  {
+    c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, memory);
+    State in{{"model", *into}};
+    LoadOptions o;
+    o.map_location = MapLocation::To("cuda:0");
+    CKPTIO_ASSERT_OK(ckpt->Load(in, o).status());
+  }
+  EXPECT_TRUE(BitEqual(into->weight, saved->weight) && BitEqual(into->bias, saved->bias));
+  EXPECT_EQ(into->weight.data_ptr(), weight_memory) << "the parameter moved to new memory";
+  EXPECT_LT(memory->peak, kMiB) << "GPU memory taken by the load (a second copy of the module?)";
 }
 
 // The one-line optimizer load puts the state where the parameters are (a
