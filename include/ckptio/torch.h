@@ -116,9 +116,10 @@ class MapLocation {
   // Maps the device a tensor was saved from ("cuda:0", "cpu") to a target.
   static MapLocation With(std::function<torch::Device(const std::string& saved)> fn);
 
-  // The target for a tensor saved from `saved`. A CUDA target on a machine
-  // without CUDA, or an index past the devices present, is
-  // FailedPrecondition naming the device.
+  // The target for a tensor saved from `saved`; "cuda" without an index is
+  // the current CUDA device (cuda:N). A CUDA target on a machine without
+  // CUDA, or an index past the devices present, is FailedPrecondition
+  // naming the device.
   Result<torch::Device> Resolve(const std::string& saved, const RankInfo& rank) const;
 
  private:

@@ -1332,6 +1332,11 @@ class NfsBackend : public StorageBackend {
   Result<std::unique_ptr<BackendLock>> TryLockOnce(std::string_view key, LockMode mode) {
     CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
     const std::string path = c_->Path(key);
+    if (c_->options.version == 3 && mode == LockMode::kShared)
+      return Status(Code::kUnimplemented,
+                    c_->uri +
+                        ": NFSv3 through libnfs has no shared locks; use version=4, "
+                        "or the manifest wait mode");
     std::lock_guard<FairMutex> g(c_->mu);
     CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
     {
@@ -1345,11 +1350,6 @@ class NfsBackend : public StorageBackend {
     h.path = path;
     h.serial = c_->counter++;
     if (c_->options.version == 3) {
-      if (mode == LockMode::kShared)
-        return Status(Code::kUnimplemented,
-                      c_->uri +
-                          ": NFSv3 through libnfs has no shared locks; use version=4, "
-                          "or the manifest wait mode");
       CKPTIO_RETURN_IF_ERROR(c_->RefreshLeaseConnection());
       CKPTIO_RETURN_IF_ERROR(TakeLease(path, &h.record));
     } else {

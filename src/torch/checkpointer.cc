@@ -415,14 +415,24 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-// Stages the tensors `wanted` (name -> live tensor) from `object`: every
-// name present with the same dtype and shape, nothing extra.
 // A module's tensor as staged: on its device, or (`into_gpu`) its verified
 // bytes on the host, for a GPU tensor that takes them in place.
 struct StagedTensor {
   torch::Tensor loaded;
   bool into_gpu = false;
 };
+
+// Whether the bytes of a module's tensor `target`, bound for `device`, are
+// best written straight into its memory: a plain dense tensor already
+// there (as MemcpysInto on the CPU). Staging them on the GPU first would
+// hold the module twice there.
+bool CopiesIntoGpu(const torch::Tensor& target, torch::Device device) {
+  return device.is_cuda() && target.device() == device && target.layout() == torch::kStrided &&
+         target.is_contiguous() && !target.is_conj() && !target.is_neg() && target.numel() > 0;
+}
+
+// Stages the tensors `wanted` (name -> live tensor) from `object`: every
+// name present with the same dtype and shape, nothing extra.
 
 Status StageTensors(OpenedStep& opened, const std::string& object, const std::string& what,
                     const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
@@ -433,6 +443,7 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
   for (const auto& t : reader.manifest().tensors)
     if (StripeBaseObject(reader.manifest(), t.object) == object) saved[t.name] = &t;
   std::string where = "step " + std::to_string(reader.step()) + ", " + what;
+  std::set<c10::DeviceIndex> gpus_ready;  // (see into_gpu below)
   for (const auto& [name, live] : wanted) {
     auto it = saved.find(name);
     if (it == saved.end())
@@ -446,27 +457,29 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
                                                 ShapeStr(live.sizes().vec()) + " in the model");
     CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(e.device, rank));
     CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(e.object));
-    // A GPU tensor that is where the bytes go takes them in place from the
-    // host: staging them on the GPU first would hold the module twice there.
-    const bool into_gpu = device.is_cuda() && live.device() == device &&
-                          live.layout() == torch::kStrided && live.is_contiguous() &&
-                          live.numel() > 0;
+    const bool into_gpu = CopiesIntoGpu(live, device);
     CKPTIO_ASSIGN_OR_RETURN(
         torch::Tensor t, TensorFromView(view, e, into_gpu ? torch::Device(torch::kCPU) : device));
-    if (into_gpu) {
-      try {
-        internal::ReservePinned();  // the copy into the module must not fail for want of it
-      } catch (const c10::Error& err) {
-        return Status(Code::kResourceExhausted, where + ": pinned host memory for the copy to " +
-                                                    device.str() + ": " +
-                                                    err.what_without_backtrace());
-      }
-    }
     if (t.scalar_type() != live.scalar_type())
       return Status(Code::kInvalidArgument,
                     where + ": tensor \"" + name + "\" is " +
                         std::string(c10::toString(t.scalar_type())) + " in the checkpoint but " +
                         std::string(c10::toString(live.scalar_type())) + " in the model");
+    if (into_gpu && gpus_ready.insert(device.index()).second) {
+      // The copy into the module must not fail halfway: the pinned buffer is
+      // had now, and an error the GPU has pending from earlier work shows
+      // here, before anything changes.
+      try {
+        internal::ReservePinned();
+        torch::cuda::synchronize(device.index());
+      } catch (const c10::Error& err) {
+        return Status(Code::kFailedPrecondition,
+                      where + ": preparing the copy of tensor \"" + name + "\" to " + device.str() +
+                          ": " + err.what_without_backtrace() +
+                          " (pinned host memory: free memory or raise ulimit -l; or load with "
+                          "map_location \"cpu\")");
+      }
+    }
     out->push_back({t, into_gpu});
     saved.erase(it);
   }
@@ -494,7 +507,7 @@ bool CopiesInto(const torch::Tensor& target, const torch::Tensor& loaded) {
 }
 bool MemcpysInto(const torch::Tensor& target, const torch::Tensor& loaded) {
   return CopiesInto(target, loaded) && target.device().is_cpu() && target.is_contiguous() &&
-         loaded.is_contiguous();
+         !target.is_conj() && !target.is_neg() && loaded.is_contiguous();
 }
 
 // Whether ApplyTensors rebinds a named tensor to the loaded one: a tensor
@@ -728,22 +741,33 @@ Status Apply(Staged& staged, State& state) {
 // (WhyNotApplicable follows its choices).
 void ApplyTensors(Staged& staged, State& state) {
   torch::NoGradGuard no_grad;
+  // Bytes written behind LibTorch's back count as an in-place change, as
+  // copy_ would (autograd then refuses a backward through the old values).
+  auto written = [](const torch::Tensor& t) {
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+  };
+  // First what talks to a GPU (the step least sure to succeed).
+  for (auto& [target, loaded] : staged.into_gpu) {
+    internal::CopyThroughPinned(loaded, target);
+    written(target);
+  }
   std::vector<CopyJob> memcpys;  // contiguous CPU parameters: copied on every core
   for (auto& [target, loaded] : staged.module_tensors) {
     // Into the module's own memory where it already has the right place:
     // no fresh allocation, and the parameter keeps its storage.
     if (CopiesInto(target, loaded)) {
-      if (MemcpysInto(target, loaded))
+      if (MemcpysInto(target, loaded)) {
         memcpys.push_back({static_cast<char*>(target.data_ptr()),
                            static_cast<const char*>(loaded.data_ptr()), target.nbytes()});
-      else
+        written(target);
+      } else {
         target.copy_(loaded);
+      }
     } else {
       target.set_data(loaded);
     }
   }
   ParallelCopy(memcpys);
-  for (auto& [target, loaded] : staged.into_gpu) internal::CopyThroughPinned(loaded, target);
   // As torch::load: the caller's tensor stays the same tensor (an optimizer
   // holding it sees the loaded values) and keeps requires_grad.
   for (auto& [target, loaded] : staged.tensors) {

@@ -1,4 +1,6 @@
 // Tensors <-> safetensors objects, and map_location.
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -286,6 +288,9 @@ Result<torch::Device> Checked(torch::Device d, const std::string& asked) {
     if (d.has_index() && d.index() >= n)
       return Status(Code::kFailedPrecondition, "map_location asks for " + asked + " but only " +
                                                    std::to_string(n) + " CUDA device(s) exist");
+    // "cuda" is the current one, as LibTorch allocates there: named, so
+    // that a module already on it is recognised as being where it goes.
+    if (!d.has_index()) return c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice();
   }
   return d;
 }

@@ -939,6 +939,25 @@ TEST(TorchStateTest, ModulesLoadWhereLibTorchLetsThemAndAreRefusedWholeElsewhere
   }
 }
 
+// Bytes a load writes into a module's memory count as an in-place change,
+// as copy_ would: autograd refuses a backward through the values a forward
+// used before the load, rather than compute gradients of the wrong ones.
+TEST(TorchStateTest, ALoadIntoAModuleCountsAsAnInPlaceChange) {
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::nn::Linear saved(8, 4);
+  State state{{"model", *saved}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+  torch::nn::Linear into(8, 4);
+  torch::Tensor y = into->forward(torch::randn({2, 8}, torch::requires_grad())).sum();
+  const int64_t version = into->weight._version();
+  State in{{"model", *into}};
+  CKPTIO_ASSERT_OK(ckpt->Load(in).status());
+  EXPECT_TRUE(BitEqual(into->weight, saved->weight));
+  EXPECT_GT(into->weight._version(), version);
+  EXPECT_THROW(y.backward(), c10::Error) << "a backward through the overwritten weight";
+}
+
 // The one-line save picks the step after the newest committed one, even when
 // LATEST lags it (a crash before LATEST moved) or is unreadable.
 TEST(TorchStateTest, OneLineSaveCarriesOnWhenLatestLagsOrIsDamaged) {
@@ -1444,18 +1463,20 @@ TEST(TorchStateTest, CudaRoundTrip) {
 
 // A module on a GPU loads into its own memory there: the verified bytes go
 // from the host through the pinned buffer, with no second copy of the
-// module on the GPU (a model that fills more than half of it still loads).
+// module on the GPU (a model that fills more than half of it still loads),
+// for "cuda:0" and for "cuda" (the current GPU) alike. The weight is over
+// 64 MiB: copied in more than one piece.
 TEST(TorchStateTest, CudaModuleLoadsWithoutASecondCopyOnTheGpu) {
   CKPTIO_REQUIRE_CUDA();
   constexpr int64_t kMiB = 1 << 20;
   const torch::Device gpu("cuda:0");
   TempDir dir;
   auto ckpt = OpenCkpt(dir.Sub("store"));
-  torch::nn::Linear saved(2048, 4096);  // 32 MiB of weight
+  torch::nn::Linear saved(2048, 8200);  // 64.06 MiB of weight
   saved->to(gpu);
   State state{{"model", *saved}};
   CKPTIO_ASSERT_OK(ckpt->Save(1, state));
-  torch::nn::Linear into(2048, 4096);
+  torch::nn::Linear into(2048, 8200);
   into->to(gpu);
   const void* weight_memory = into->weight.data_ptr();
   {
@@ -1465,17 +1486,25 @@ TEST(TorchStateTest, CudaModuleLoadsWithoutASecondCopyOnTheGpu) {
         torch::empty({kMiB}, torch::TensorOptions().dtype(torch::kUInt8).device(gpu));
     ASSERT_GE(probe->peak, kMiB) << "the hook sees no GPU memory: the test would prove nothing";
   }
-  auto memory = std::make_shared<testing::MemoryOfThisThread>(c10::DeviceType::CUDA);
-  {
-    c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, memory);
-    State in{{"model", *into}};
-    LoadOptions o;
-    o.map_location = MapLocation::To("cuda:0");
-    CKPTIO_ASSERT_OK(ckpt->Load(in, o).status());
+  for (const char* where : {"cuda:0", "cuda"}) {
+    SCOPED_TRACE(where);
+    {
+      torch::NoGradGuard no_grad;
+      into->weight.zero_();
+      into->bias.zero_();
+    }
+    auto memory = std::make_shared<testing::MemoryOfThisThread>(c10::DeviceType::CUDA);
+    {
+      c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, memory);
+      State in{{"model", *into}};
+      LoadOptions o;
+      o.map_location = MapLocation::To(where);
+      CKPTIO_ASSERT_OK(ckpt->Load(in, o).status());
+    }
+    EXPECT_TRUE(BitEqual(into->weight, saved->weight) && BitEqual(into->bias, saved->bias));
+    EXPECT_EQ(into->weight.data_ptr(), weight_memory) << "the parameter moved to new memory";
+    EXPECT_LT(memory->peak, kMiB) << "GPU memory taken by the load (a second copy of the module?)";
   }
-  EXPECT_TRUE(BitEqual(into->weight, saved->weight) && BitEqual(into->bias, saved->bias));
-  EXPECT_EQ(into->weight.data_ptr(), weight_memory) << "the parameter moved to new memory";
-  EXPECT_LT(memory->peak, kMiB) << "GPU memory taken by the load (a second copy of the module?)";
 }
 
 // The one-line optimizer load puts the state where the parameters are (a
