@@ -433,7 +433,6 @@ bool CopiesIntoGpu(const torch::Tensor& target, torch::Device device) {
 
 // Stages the tensors `wanted` (name -> live tensor) from `object`: every
 // name present with the same dtype and shape, nothing extra.
-
 Status StageTensors(OpenedStep& opened, const std::string& object, const std::string& what,
                     const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
                     const MapLocation& map, const RankInfo& rank, std::vector<StagedTensor>* out) {
