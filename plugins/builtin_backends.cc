@@ -2,7 +2,6 @@
 #include <iostream>
 
 #include "ckptio/backends.h"
-#include "ckptio/faulty_backend.h"
 #include "ckptio/nfs_backend.h"
 #include "ckptio/posix_backend.h"
 
@@ -13,7 +12,6 @@ const BackendRegistry& BuiltinBackends() {
     auto* r = new BackendRegistry();
     Status s = RegisterPosixBackend(*r);
     if (s.ok()) s = RegisterNfsBackend(*r);
-    if (s.ok()) s = RegisterFaultyBackends(*r);  // faulty+<every scheme above>
     if (!s.ok()) {  // a programming error: two plugins claim one scheme
       std::cerr << "ckptio: " << s << "\n";
       std::abort();

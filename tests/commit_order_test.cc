@@ -6,6 +6,7 @@
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
+#include "ckptio/sync_point_fs.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -32,11 +33,9 @@ struct Visible {
 class CommitOrderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!PosixSyncHooksAvailable())
-      GTEST_SKIP() << "built without the sync-point hooks (configure with -DCKPTIO_TEST_HOOKS=ON)";
     root_ = dir_.Sub("store");
     PosixBackendOptions o;
-    o.hook = [this](PosixSyncPoint p, const std::string& path) {
+    o.fs = std::make_shared<SyncPointFs>([this](PosixSyncPoint p, const std::string& path) {
       // Log relative to the store root, like backend keys.
       std::string rel = path.substr(root_.size() + 1);
       if (rel.find(kTempMarker) != std::string::npos)
@@ -44,7 +43,7 @@ class CommitOrderTest : public ::testing::Test {
       recorder_->Record(std::string(PosixSyncPointName(p)) + " " + rel);
       if (observe_) observed_.push_back({recorder_->log().back(), Observe()});
       return OkStatus();
-    };
+    });
     auto posix = NewPosixBackend(root_, o);
     ASSERT_TRUE(posix.ok()) << posix.status();
     recorder_ =

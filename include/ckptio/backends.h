@@ -10,8 +10,8 @@
 
 namespace ckptio {
 
-// A registry holding every built-in backend ("file", "nfs", and
-// "faulty+file" / "faulty+nfs" for fault injection). Each plugin is
+// A registry holding every built-in backend ("file", "nfs"; the test-only
+// "faulty+" schemes are not among them: see plugins/faulty). Each plugin is
 // registered by an explicit call here, so none can be dropped by the
 // linker. Built once, on first use; thread-safe.
 const BackendRegistry& BuiltinBackends();

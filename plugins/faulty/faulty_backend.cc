@@ -1,8 +1,12 @@
 #include "ckptio/faulty_backend.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+
+#include "ckptio/backends.h"
 
 namespace ckptio {
 
@@ -185,6 +189,19 @@ Status RegisterFaultyBackends(BackendRegistry& registry) {
         }));
   }
   return OkStatus();
+}
+
+const BackendRegistry& BackendsWithFaults() {
+  static const BackendRegistry* registry = [] {
+    auto* r = new BackendRegistry(BuiltinBackends());
+    Status s = RegisterFaultyBackends(*r);
+    if (!s.ok()) {  // a programming error: a scheme registered twice
+      std::fprintf(stderr, "ckptio: %s\n", s.ToString().c_str());
+      std::abort();
+    }
+    return r;
+  }();
+  return *registry;
 }
 
 }  // namespace ckptio

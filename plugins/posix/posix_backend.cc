@@ -20,27 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "object_io.h"
-
 namespace ckptio {
-
-std::string_view PosixSyncPointName(PosixSyncPoint p) {
-  switch (p) {
-    case PosixSyncPoint::kTempOpened:
-      return "temp-opened";
-    case PosixSyncPoint::kDataWritten:
-      return "data-written";
-    case PosixSyncPoint::kFileSynced:
-      return "file-synced";
-    case PosixSyncPoint::kFileClosed:
-      return "file-closed";
-    case PosixSyncPoint::kRenamed:
-      return "renamed";
-    case PosixSyncPoint::kDirSynced:
-      return "dir-synced";
-  }
-  return "unknown";
-}
 
 int PosixFs::OpenAt(int dirfd, const char* name, int flags, mode_t mode) {
   return ::openat(dirfd, name, flags, mode);
@@ -296,7 +276,6 @@ class PosixWriter : public ObjectWriter {
     return OkStatus();
   }
 
-  Status Hook(PosixSyncPoint point, const std::string& path) const;
   PosixFs& fs() const;
 
   void Fail() {
@@ -427,7 +406,7 @@ class PosixBackend : public StorageBackend {
 
   Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
     CKPTIO_ASSIGN_OR_RETURN(KeyParts k, Parts(key));
-    if (k.base.compare(0, kTempMarker.size(), kTempMarker) == 0)
+    if (IsTempObjectName(k.base))
       return Status(Code::kInvalidArgument,
                     "object key \"" + std::string(key) + "\" uses the reserved temp prefix");
     CKPTIO_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(k.dirs, /*create=*/true));
@@ -438,10 +417,6 @@ class PosixBackend : public StorageBackend {
     if (fd < 0) return ErrnoToStatus(errno, "create " + dir_path + "/" + tmp);
     auto writer = std::make_unique<PosixWriter>(this, std::move(dir), UniqueFd(fd), dir_path,
                                                 k.base, tmp, mode);
-    if (CKPTIO_TEST_HOOKS && options_.hook) {
-      Status s = options_.hook(PosixSyncPoint::kTempOpened, dir_path + "/" + tmp);
-      if (!s.ok()) return s;  // the writer's destructor removes the temp
-    }
     return std::unique_ptr<ObjectWriter>(std::move(writer));
   }
 
@@ -761,12 +736,6 @@ class PosixBackend : public StorageBackend {
 
 PosixFs& PosixWriter::fs() const { return backend_->fs(); }
 
-Status PosixWriter::Hook(PosixSyncPoint point, const std::string& path) const {
-  if (!CKPTIO_TEST_HOOKS) return OkStatus();  // compiled out of release builds
-  const auto& hook = backend_->options().hook;
-  return hook ? hook(point, path) : OkStatus();
-}
-
 Status PosixWriter::Commit() {
   if (dead_ || committed_) return Dead();
   dead_ = true;  // whatever happens below, this writer is finished
@@ -777,16 +746,12 @@ Status PosixWriter::Commit() {
     return s;
   };
   Status s = Flush();
-  if (s.ok()) s = Hook(PosixSyncPoint::kDataWritten, tmp_path);
   if (s.ok()) s = SyncFd(fs(), file_.get(), tmp_path);
-  if (s.ok()) s = Hook(PosixSyncPoint::kFileSynced, tmp_path);
   if (!s.ok()) return fail(s);
   // The temp's identity, to recognise it under the target's name below.
   struct stat tmp_st;
   if (::fstat(file_.get(), &tmp_st) != 0) return fail(ErrnoToStatus(errno, "fstat " + tmp_path));
   if (fs().Close(file_.Release()) != 0) return fail(ErrnoToStatus(errno, "close " + tmp_path));
-  s = Hook(PosixSyncPoint::kFileClosed, tmp_path);
-  if (!s.ok()) return fail(s);
   if (mode_ == WriteMode::kReplace) {
     if (fs().RenameAt(dir_.get(), tmp_.c_str(), name_.c_str()) != 0) {
       int err = errno;
@@ -819,9 +784,7 @@ Status PosixWriter::Commit() {
     fs().UnlinkAt(dir_.get(), tmp_.c_str(), 0);  // a leftover is removed as stale
     tmp_.clear();
   }
-  s = Hook(PosixSyncPoint::kRenamed, target);
-  if (s.ok()) s = SyncFd(fs(), dir_.get(), dir_path_);
-  if (s.ok()) s = Hook(PosixSyncPoint::kDirSynced, target);
+  s = SyncFd(fs(), dir_.get(), dir_path_);
   if (!s.ok()) {
     // Visible but not known durable. A new exclusive name is taken back; a
     // replaced one cannot be, and the caller learns that from the error.
@@ -837,15 +800,9 @@ Status PosixWriter::Commit() {
 
 }  // namespace
 
-bool PosixSyncHooksAvailable() { return CKPTIO_TEST_HOOKS; }
-
 Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
                                                         PosixBackendOptions options) {
   if (root.empty()) return Status(Code::kInvalidArgument, "empty store path");
-  if (!CKPTIO_TEST_HOOKS && options.hook)
-    return Status(Code::kFailedPrecondition,
-                  "this ckptio was built without test hooks (CKPTIO_TEST_HOOKS=OFF, the default "
-                  "of Release builds): sync-point hooks are unavailable");
   if (root.find('\0') != std::string::npos)
     return Status(Code::kInvalidArgument, "store path contains NUL");
   if (root.front() != '/') {

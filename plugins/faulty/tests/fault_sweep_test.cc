@@ -22,6 +22,7 @@
 #include "ckptio/faulty_backend.h"
 #include "ckptio/posix_backend.h"
 #include "ckptio/power_loss_fs.h"
+#include "ckptio/sync_point_fs.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -698,8 +699,6 @@ TEST(FaultSweep, PowerLossAtEverySystemCallOfGcAndRepair) {
 // point of the POSIX commit path, for each kind of file; the parent checks
 // the same invariants on the real file system.
 TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
-  if (!PosixSyncHooksAvailable())
-    GTEST_SKIP() << "built without the sync-point hooks (configure with -DCKPTIO_TEST_HOOKS=ON)";
   TempDir dir;
   const char* targets[] = {"model.safetensors", "empty.bin", "MANIFEST.json", "LATEST"};
   int kills = 0, old_kept = 0, new_committed = 0;
@@ -712,7 +711,8 @@ TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
       pid_t pid = ::fork();
       if (pid == 0) {
         PosixBackendOptions o;
-        o.hook = [point, target](PosixSyncPoint p, const std::string& path) {
+        o.fs = std::make_shared<SyncPointFs>([point, target](PosixSyncPoint p,
+                                                             const std::string& path) {
           // Temp files carry the target's name in theirs (".ckptio-tmp.<name>.").
           bool ours = path.find(std::string("/") + target) != std::string::npos ||
                       path.find(std::string(".ckptio-tmp.") + target + ".") != std::string::npos;
@@ -720,7 +720,7 @@ TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
               path.find("step-000000000001") == std::string::npos)
             ::raise(SIGKILL);
           return OkStatus();
-        };
+        });
         auto posix = NewPosixBackend(root, o);
         if (!posix.ok()) ::_exit(3);
         Store store(std::shared_ptr<StorageBackend>(std::move(*posix)));
@@ -742,17 +742,21 @@ TEST(FaultSweep, SigkillAtEveryNamedSyncPoint) {
             << " the new one; every time: verified, fsck --repair clean\n";
 }
 
-TEST(FaultSweep, FaultyUrisWorkThroughTheRegistry) {
+TEST(FaultSweep, FaultyUrisWorkThroughTheTestRegistryOnly) {
   TempDir dir;
   std::string root = MakeBase(dir, "uri");
-  auto store = OpenStore("faulty+file://" + root + "?crash_at=0");
+  auto open = [](const std::string& uri) { return Store::Open(uri, BackendsWithFaults()); };
+  auto store = open("faulty+file://" + root + "?crash_at=0");
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->ListSteps().status().code(), Code::kUnavailable);
-  auto ok = OpenStore("faulty+file://" + root);
+  auto ok = open("faulty+file://" + root);
   ASSERT_TRUE(ok.ok());
   EXPECT_TRUE((*ok)->OpenLatest().ok());
-  EXPECT_EQ(OpenStore("faulty+file://" + root + "?errno=EWHAT&fail_at=1").status().code(),
+  EXPECT_EQ(open("faulty+file://" + root + "?errno=EWHAT&fail_at=1").status().code(),
             Code::kInvalidArgument);
+  // What users link knows no fault injection.
+  EXPECT_EQ(OpenStore("faulty+file://" + root).status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(open("file://" + root).ok());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ckptio/store.h"
+#include "ckptio/sync_point_fs.h"
 #include "conformance.h"
 #include "test_util.h"
 
@@ -356,20 +357,18 @@ TEST(PosixBackend, PlantedFileSymlinkIsNeverFollowed) {
 }
 
 TEST(PosixBackend, SyncPointsRunInRecipeOrderAndNothingIsVisibleBeforeRename) {
-  if (!PosixSyncHooksAvailable())
-    GTEST_SKIP() << "built without the sync-point hooks (configure with -DCKPTIO_TEST_HOOKS=ON)";
   TempDir dir;
   std::string target = dir.Sub("store/obj.bin");
   std::vector<std::string> seen;
   PosixBackendOptions o;
-  o.hook = [&](PosixSyncPoint p, const std::string& path) {
+  o.fs = std::make_shared<SyncPointFs>([&](PosixSyncPoint p, const std::string& path) {
     bool visible = ::access(target.c_str(), F_OK) == 0;
     seen.push_back(std::string(PosixSyncPointName(p)) + (visible ? " visible" : " hidden"));
     if (p <= PosixSyncPoint::kFileClosed) {
       EXPECT_NE(path.find(".ckptio-tmp.obj.bin"), std::string::npos);
     }
     return OkStatus();
-  };
+  });
   auto b = Open(dir.Sub("store"), o);
   for (auto mode : {WriteMode::kReplace, WriteMode::kCreateExclusive}) {
     seen.clear();
@@ -385,15 +384,13 @@ TEST(PosixBackend, SyncPointsRunInRecipeOrderAndNothingIsVisibleBeforeRename) {
 }
 
 TEST(PosixBackend, FailureAtEverySyncPointLeavesNoObjectAndNoTemp) {
-  if (!PosixSyncHooksAvailable())
-    GTEST_SKIP() << "built without the sync-point hooks (configure with -DCKPTIO_TEST_HOOKS=ON)";
   for (int fail_at = 0; fail_at <= static_cast<int>(PosixSyncPoint::kDirSynced); ++fail_at) {
     for (auto mode : {WriteMode::kReplace, WriteMode::kCreateExclusive}) {
       TempDir dir;
       PosixBackendOptions o;
-      o.hook = [&](PosixSyncPoint p, const std::string&) {
+      o.fs = std::make_shared<SyncPointFs>([&](PosixSyncPoint p, const std::string&) {
         return static_cast<int>(p) == fail_at ? Status(Code::kUnavailable, "injected") : OkStatus();
-      };
+      });
       auto b = Open(dir.Sub("store"), o);
       auto w = b->NewObject("obj.bin", mode);
       Status s = w.ok() ? (*w)->Append("abc", 3) : w.status();

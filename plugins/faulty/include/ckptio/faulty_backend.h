@@ -10,7 +10,8 @@
 // undoes a committed object: see the POSIX commit recipe).
 //
 // URI form: faulty+<inner-uri>?fail_at=K&errno=ENOSPC or ?crash_at=K or
-// ?fail_rate=0.01&seed=7, e.g. faulty+file:///tmp/store?crash_at=12.
+// ?fail_rate=0.01&seed=7, e.g. faulty+file:///tmp/store?crash_at=12, opened
+// through BackendsWithFaults() (test-only: not in BuiltinBackends()).
 //
 // Power loss (unsynced bytes and directory entries lost) needs to see below
 // the object interface: see PowerLossFs in ckptio/power_loss_fs.h, which
@@ -72,6 +73,11 @@ class FaultyBackend : public StorageBackend {
 
 // Registers "faulty+<scheme>" for every scheme already in `registry`.
 Status RegisterFaultyBackends(BackendRegistry& registry);
+
+// Every built-in backend (BuiltinBackends()) and "faulty+" over each, for
+// tests and the benchmark; the registry users link has no faulty+ schemes.
+// Built once, on first use; thread-safe.
+const BackendRegistry& BackendsWithFaults();
 
 }  // namespace ckptio
 

@@ -41,22 +41,12 @@
 
 namespace ckptio {
 
-// The named points of the commit recipe above, for tests and fault
-// injection: the hook runs after the step it names.
-enum class PosixSyncPoint {
-  kTempOpened,   // 1
-  kDataWritten,  // 2
-  kFileSynced,   // 3
-  kFileClosed,   // 4
-  kRenamed,      // 5 (rename or link)
-  kDirSynced,    // 6
-};
-std::string_view PosixSyncPointName(PosixSyncPoint p);
-
 // The system calls through which the backend opens, writes, syncs, renames
-// and removes (everything but reads, stats and locks), so that tests can model what a power cut
-// keeps: see plugins/faulty's PowerLossFs. Each returns like the call it names (-1 with errno set
-// on failure). The default forwards to the kernel.
+// and removes (everything but reads, stats and locks), so that tests can
+// model what a power cut keeps, or stop at each step of the recipe above:
+// see plugins/faulty's PowerLossFs and SyncPointFs (test-only). Each returns
+// like the call it names (-1 with errno set on failure). The default
+// forwards to the kernel.
 class PosixFs {
  public:
   virtual ~PosixFs() = default;
@@ -71,13 +61,6 @@ class PosixFs {
 };
 
 struct PosixBackendOptions {
-  // Called at each sync point with the path of the temp file (points 1-4)
-  // or of the target (5-6). A non-OK return fails the commit right there,
-  // as a real error at that point would; a hook may also kill the process
-  // there (the crash tests do). Test builds only: with CMake option
-  // CKPTIO_TEST_HOOKS=OFF (the default for CMAKE_BUILD_TYPE=Release) the
-  // calls are compiled out and NewPosixBackend refuses a hook.
-  std::function<Status(PosixSyncPoint, const std::string& path)> hook;
   // The system-call layer; null means the kernel's.
   std::shared_ptr<PosixFs> fs;
 };
@@ -87,10 +70,6 @@ struct PosixBackendOptions {
 // OrangeFS), on which ObjectReader::Map() refuses to map: a file deleted by
 // another client goes stale under a map, and touching it raises SIGBUS.
 bool IsNetworkFileSystem(uint64_t f_type);
-
-// Whether this build has the sync-point hooks (CKPTIO_TEST_HOOKS): tests
-// that need them skip without.
-bool PosixSyncHooksAvailable();
 
 // A backend rooted at `root` (absolute, or relative to the current
 // directory). The root is created on the first write or lock.
