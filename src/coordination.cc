@@ -75,8 +75,6 @@ Status Coordinator::WaitSaved(int64_t step, std::string_view attempt,
 
 namespace {
 
-constexpr std::string_view kSaveLockKey = ".save-lock";
-constexpr std::string_view kSaveRecordKey = ".coord/save";
 constexpr std::string_view kSaveFormat = "ckptio-save";
 constexpr std::string_view kDecisionFormat = "ckptio-decision";
 
@@ -115,7 +113,7 @@ class FileCoordinator : public Coordinator {
   // This rank's own storage calls, not rank 0's failure read from its
   // record (which keeps rank 0's code, UNAVAILABLE included, and is final).
   bool Transient(const Status& s) const override {
-    return s.code() == Code::kUnavailable && s.message().rfind(kRankZeroFailed, 0) != 0;
+    return s.code() == Code::kUnavailable && s.origin() == Status::Origin::kThisProcess;
   }
 
   Status Opened(std::string_view scope, std::chrono::milliseconds timeout) override {
@@ -321,7 +319,7 @@ class FileCoordinator : public Coordinator {
   // which relaunches would otherwise pile up in .coord/. Best effort: what
   // a failing storage keeps is swept at a later Open.
   void SweepOtherJobsDecisions() {
-    auto keys = backend_->List(".coord/decision-");
+    auto keys = backend_->List(kDecisionPrefix);
     if (!keys.ok()) return;
     for (const std::string& key : *keys) {
       auto record = ReadRecord(key, kDecisionFormat, kMaxDecisionBytes);
@@ -368,25 +366,23 @@ class FileCoordinator : public Coordinator {
                                       "job to resume from it");
   }
 
-  static std::string DecisionKey(const std::string& name) { return ".coord/decision-" + name; }
   // A decision record may carry a stripe receipt, which lists every chunk
   // and tensor of a rank's part: as large as a manifest may be.
   static constexpr size_t kMaxDecisionBytes = kMaxManifestBytes;
   static constexpr const char* kRankZeroFailed = "rank 0 failed to save step ";
 
   // Rank 0's failure, with its code, as every waiter reports it (fields
-  // "code" and "message", or "prev_code" and "prev_message").
+  // "code" and "message", or "prev_code" and "prev_message", together the
+  // text EncodeStatus makes). A code that is missing, damaged or OK (a
+  // failure must have one) becomes INTERNAL.
   static Status Failure(const std::map<std::string, std::string>& r, const std::string& prefix,
                         int64_t step) {
-    Code code = Code::kInternal;
-    auto it = r.find(prefix + "code");
-    if (it != r.end() && it->second.size() <= 2 &&
-        it->second.find_first_not_of("0123456789") == std::string::npos && !it->second.empty() &&
-        std::stoi(it->second) > 0 && std::stoi(it->second) <= static_cast<int>(Code::kInternal))
-      code = static_cast<Code>(std::stoi(it->second));
     auto msg = r.find(prefix + "message");
-    return Status(code, kRankZeroFailed + std::to_string(step) + ": " +
-                            (msg == r.end() ? "(no message)" : msg->second));
+    const std::string message = kRankZeroFailed + std::to_string(step) + ": " +
+                                (msg == r.end() ? "(no message)" : msg->second);
+    std::optional<Status> sent = DecodeStatus(Field(r, prefix + "code") + ":" + message);
+    if (!sent || sent->ok()) return Status(Code::kInternal, message).FromPeer();
+    return *sent;
   }
 
   // OK while rank 0 may still commit `attempt` of `step`. Rank 0's failure
@@ -418,7 +414,7 @@ class FileCoordinator : public Coordinator {
                       "retention (keep_last)");
   }
 
-  static std::string Field(const std::map<std::string, std::string>& r, const char* key) {
+  static std::string Field(const std::map<std::string, std::string>& r, const std::string& key) {
     auto it = r.find(key);
     return it == r.end() ? std::string() : it->second;
   }

@@ -648,21 +648,4 @@ Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
   return out;
 }
 
-std::string StepDirName(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%012lld", static_cast<long long>(step));
-  return buf;
-}
-
-int64_t ParseStepDirName(std::string_view name) {
-  constexpr std::string_view kPrefix = "step-";
-  if (name.size() != kPrefix.size() + 12 || name.substr(0, kPrefix.size()) != kPrefix) return -1;
-  int64_t step = 0;
-  for (char c : name.substr(kPrefix.size())) {
-    if (c < '0' || c > '9') return -1;
-    step = step * 10 + (c - '0');
-  }
-  return step;
-}
-
 }  // namespace ckptio

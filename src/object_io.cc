@@ -2,11 +2,7 @@
 
 #include <unistd.h>
 
-#include <atomic>
-#include <cctype>
 #include <chrono>
-#include <cstdio>
-#include <random>
 
 namespace ckptio {
 
@@ -39,28 +35,6 @@ std::string HostName() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
   return buf;
-}
-
-std::string RandomHex() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
-  return buf;
-}
-
-std::string KeySafeHostName() {
-  std::string h = HostName();
-  for (char& c : h)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
-  return h.substr(0, 32);
-}
-
-std::string TempObjectName(std::string_view base) {
-  static std::atomic<uint64_t> counter{0};
-  static const std::string host = KeySafeHostName();
-  return std::string(kTempMarker) + std::string(base.substr(0, 100)) + "." + host + "." +
-         std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)) + "." +
-         RandomHex();
 }
 
 }  // namespace ckptio

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "ckptio/backend.h"
+#include "ckptio/layout.h"
 
 namespace ckptio {
 
@@ -21,13 +22,6 @@ Status WriteSmall(StorageBackend& backend, std::string_view key, std::string_vie
 int64_t NowUnixMs();
 std::string HostName();
 
-// HostName() cut to 32 characters of [A-Za-z0-9_-], for names.
-std::string KeySafeHostName();
-// 16 random hex digits.
-std::string RandomHex();
-// The unique name a backend writes object `base` under until its commit:
-// ".ckptio-tmp.<base, cut at 100>.<host>.<pid>.<n>.<random>" (key-safe).
-std::string TempObjectName(std::string_view base);
 
 // For ckptio-bench only, never for data that matters: while off, ObjectStream
 // writes without hashing and records the digests of nothing, so every load of

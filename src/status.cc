@@ -1,6 +1,8 @@
 #include "ckptio/status.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -38,6 +40,45 @@ std::string_view CodeName(Code code) {
   return "UNKNOWN";
 }
 
+std::optional<Code> CodeFromNumber(int64_t number) {
+  if (number < static_cast<int64_t>(Code::kOk) || number > static_cast<int64_t>(Code::kInternal))
+    return std::nullopt;
+  return static_cast<Code>(number);
+}
+
+std::string EncodeStatus(const Status& status) {
+  return std::to_string(static_cast<int>(status.code())) + ":" + status.message();
+}
+
+std::optional<Status> DecodeStatus(std::string_view text) {
+  const size_t colon = text.find(':');
+  // At most two digits: every code number has one or two.
+  if (colon == std::string_view::npos || colon == 0 || colon > 2) return std::nullopt;
+  int64_t number = 0;
+  for (char c : text.substr(0, colon)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    number = number * 10 + (c - '0');
+  }
+  const std::optional<Code> code = CodeFromNumber(number);
+  if (!code) return std::nullopt;
+  if (*code == Code::kOk) return OkStatus();
+  return Status(*code, std::string(text.substr(colon + 1))).FromPeer();
+}
+
+namespace internal {
+void DieOfBadAccess(const Status& status) {
+  std::fprintf(stderr, "ckptio: value() of a failed Result (check ok() first): %s\n",
+               status.ToString().c_str());
+  std::abort();
+}
+}  // namespace internal
+
+Status Status::FromPeer() const {
+  Status copy = *this;
+  copy.origin_ = Origin::kPeer;
+  return copy;
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   std::string out(CodeName(code_));
@@ -51,7 +92,9 @@ Status Status::WithContext(std::string_view context) const {
   std::string msg(context);
   msg += ": ";
   msg += message_;
-  return Status(code_, std::move(msg));
+  Status out(code_, std::move(msg));
+  out.origin_ = origin_;
+  return out;
 }
 
 std::ostream& operator<<(std::ostream& os, const Status& s) { return os << s.ToString(); }
@@ -83,8 +126,9 @@ Status ErrnoToStatus(int err, std::string_view what) {
       break;
     case EIO:
       code = Code::kUnavailable;
-      advice = "; the device reported an I/O error: check the disk or server (a failed save "
-               "is discarded, never half-committed)";
+      advice =
+          "; the device reported an I/O error: check the disk or server (a failed save "
+          "is discarded, never half-committed)";
       break;
     case EINTR:
     case EAGAIN:

@@ -12,7 +12,9 @@ cxx="clang++"
 command -v ccache >/dev/null && cxx="ccache clang++"
 flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -I"$root/include" -I"$root/src")
-core=(backend copy hash manifest object_io safetensors status store strict_json text)
+# Every core source (src/*.cc: the core, never the torch adapter in src/torch).
+core=()
+for f in "$root"/src/*.cc; do core+=("$(basename "$f" .cc)"); done
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(manifest records names safetensors)
 

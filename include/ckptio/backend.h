@@ -12,9 +12,10 @@
 //     returns OK, and at that moment its bytes and the name are durable
 //     (POSIX: fsync the file, close, rename, fsync the directory).
 //   * Before that, nothing is visible under the key. In-flight data may be
-//     visible to List() only as keys whose last component starts with
-//     kTempMarker; the core deletes those (at the top, in step-*/ and in
-//     .coord/, where it writes) when no writer holds the lock.
+//     visible to List() only as keys whose last component is a temp name:
+//     TempObjectName(<the key's last component>) in the key's folder
+//     (ckptio/layout.h), which the core deletes (at the top, in step-*/ and
+//     in .coord/, where it writes) when no writer holds the lock.
 //   * Delete is durable when it returns OK.
 //
 // Thread safety: a backend may be used from several threads at once; a
@@ -30,12 +31,10 @@
 #include <string_view>
 #include <vector>
 
+#include "ckptio/layout.h"
 #include "ckptio/status.h"
 
 namespace ckptio {
-
-// The last component of every in-flight (uncommitted) object starts with this.
-inline constexpr std::string_view kTempMarker = ".ckptio-tmp.";
 
 // Limits on keys, enforced by ValidateKey.
 inline constexpr size_t kMaxKeyComponent = 200;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ckptio/hash.h"
+#include "ckptio/layout.h"
 #include "ckptio/status.h"
 
 namespace ckptio {
@@ -39,9 +40,6 @@ inline constexpr uint64_t kMinChunkBytes = 4096;
 inline constexpr uint64_t kMaxChunkBytes = 64u << 20;
 inline constexpr uint64_t kDefaultChunkBytes = 4u << 20;
 inline constexpr int64_t kMaxStep = 999999999999;  // 12 decimal digits
-
-// The manifest's own file name inside a step directory.
-inline constexpr std::string_view kManifestName = "MANIFEST.json";
 
 // OK if `name` may name an object inside a checkpoint: 1-200 bytes of
 // [A-Za-z0-9._-], not starting with '.', not "MANIFEST.json". Names are flat:
@@ -142,11 +140,6 @@ Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
                                                        std::string_view format,
                                                        std::string_view where,
                                                        size_t max_bytes = kMaxRecordBytes);
-
-// "step-000000001200" for 1200.
-std::string StepDirName(int64_t step);
-// The step of a directory name of exactly that form; -1 otherwise.
-int64_t ParseStepDirName(std::string_view name);
 
 }  // namespace ckptio
 

@@ -28,11 +28,12 @@
 //   kInternal           a bug or an errno with no better mapping.
 //
 // Messages say what happened, where (store, step, object, byte range or
-// path) and, when there is one, what to do about it.
+// path) and, when there is one, what to do about it. Code decides on a
+// Status by its code and origin, never by its message text.
 #ifndef CKPTIO_STATUS_H_
 #define CKPTIO_STATUS_H_
 
-#include <cassert>
+#include <cstdint>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -59,9 +60,17 @@ enum class Code {
 
 // "OK", "INVALID_ARGUMENT", ... as absl spells them.
 std::string_view CodeName(Code code);
+// The code of number `number` (its enumerator's value, as EncodeStatus
+// writes it); nullopt when no code has that number.
+std::optional<Code> CodeFromNumber(int64_t number);
 
 class [[nodiscard]] Status {
  public:
+  // Where an error arose: in this process's own calls, or on another rank,
+  // which sent it here (DecodeStatus). A peer's UNAVAILABLE is that rank's
+  // final outcome, not a call of this one to retry.
+  enum class Origin { kThisProcess, kPeer };
+
   Status() = default;  // OK
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
 
@@ -71,12 +80,17 @@ class [[nodiscard]] Status {
   // "DATA_LOSS: <message>", or "OK".
   std::string ToString() const;
 
-  // Returns a copy whose message is "<context>: <message>".
+  Origin origin() const { return origin_; }
+  // A copy marked as another rank's error.
+  Status FromPeer() const;
+
+  // Returns a copy whose message is "<context>: <message>" (origin kept).
   Status WithContext(std::string_view context) const;
 
  private:
   Code code_ = Code::kOk;
   std::string message_;
+  Origin origin_ = Origin::kThisProcess;
 };
 
 inline Status OkStatus() { return Status(); }
@@ -86,28 +100,43 @@ std::ostream& operator<<(std::ostream& os, const Status& s);
 // operation and path, e.g. "fsync /ckpt/step-000000000001/MANIFEST.json".
 Status ErrnoToStatus(int err, std::string_view what);
 
-// Holds a T or a non-OK Status.
+// Sending a Status to another rank (a c10d store value, a coordination
+// record, a load decision): one text form for every coordinator,
+// "<code number>:<message>" ("0:" for OK).
+std::string EncodeStatus(const Status& status);
+// The Status EncodeStatus made, marked Origin::kPeer; nullopt when `text` is
+// not of that form or names no code (a damaged or hostile record never
+// yields an out-of-range code).
+std::optional<Status> DecodeStatus(std::string_view text);
+
+namespace internal {
+// Prints "ckptio: value() of a failed Result: <status>" and aborts.
+[[noreturn]] void DieOfBadAccess(const Status& status);
+}  // namespace internal
+
+// Holds a T or a non-OK Status. Reading the value of a Result that holds an
+// error (value(), *, ->) aborts the process with the error's message, in
+// every build: check ok() first.
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
-    assert(!status_.ok() && "Result built from an OK status without value");
-    if (status_.ok()) status_ = Status(Code::kInternal, "OK status without value");
+    if (status_.ok()) status_ = Status(Code::kInternal, "Result built from an OK status");
   }
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
   T& value() & {
-    assert(ok());
+    Check();
     return *value_;
   }
   const T& value() const& {
-    assert(ok());
+    Check();
     return *value_;
   }
   T&& value() && {
-    assert(ok());
+    Check();
     return std::move(*value_);
   }
   T& operator*() & { return value(); }
@@ -117,6 +146,10 @@ class [[nodiscard]] Result {
   const T* operator->() const { return &value(); }
 
  private:
+  void Check() const {
+    if (!ok()) internal::DieOfBadAccess(status_);
+  }
+
   Status status_;
   std::optional<T> value_;
 };

@@ -50,14 +50,11 @@
 #include <vector>
 
 #include "ckptio/backend.h"
+#include "ckptio/layout.h"
 #include "ckptio/manifest.h"
 #include "ckptio/status.h"
 
 namespace ckptio {
-
-inline constexpr std::string_view kLatestKey = "LATEST";
-inline constexpr std::string_view kLockKey = ".lock";
-inline constexpr std::string_view kWriterKey = ".writer";
 
 // Called with the number of bytes processed since the last call.
 using ProgressFn = std::function<void(uint64_t bytes)>;

@@ -313,10 +313,6 @@ Status WriteSafetensors(StripeWriter& stripe, const std::string& object,
                         const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                         const std::vector<std::string>& devices = {});
 
-// The metadata key under which a striped save records which object a
-// stripe's tensor file is a part of: kStripePartPrefix + "model.part-2.safetensors"
-// = "model.safetensors".
-inline constexpr char kStripePartPrefix[] = "ckptio.part.";
 // The object `object` is a part of (itself when it is not a stripe's part).
 std::string StripeBaseObject(const Manifest& manifest, const std::string& object);
 

@@ -19,12 +19,9 @@ class C10dCoordinator : public Coordinator {
     return OkStatus();
   }
 
-  // "ok", or "failed:<code>:<message>".
+  // "ok", or "failed:" + EncodeStatus(outcome).
   Status EndSave(int64_t step, std::string_view attempt, const Status& outcome) override {
-    std::string value = outcome.ok()
-                            ? "ok"
-                            : "failed:" + std::to_string(static_cast<int>(outcome.code())) + ":" +
-                                  outcome.message();
+    std::string value = outcome.ok() ? "ok" : "failed:" + EncodeStatus(outcome);
     return Call("publishing step " + std::to_string(step), [&] {
       store_->set(SaveKey(step, attempt), Bytes(value));
       return OkStatus();
@@ -105,20 +102,15 @@ class C10dCoordinator : public Coordinator {
       return OkStatus();
     }));
     if (value == "ok") return OkStatus();
-    // failed:<code>:<message>
-    size_t a = value.find(':'), b = value.find(':', a + 1);
-    int code = static_cast<int>(Code::kInternal);
-    if (value.rfind("failed:", 0) == 0 && b != std::string::npos) {
-      try {
-        code = std::stoi(value.substr(a + 1, b - a - 1));
-      } catch (const std::exception&) {
-      }
-    }
-    if (code <= 0 || code > static_cast<int>(Code::kInternal))
-      code = static_cast<int>(Code::kInternal);
-    return Status(static_cast<Code>(code),
-                  "rank 0 failed to save step " + std::to_string(step) + ": " +
-                      (b == std::string::npos ? value : value.substr(b + 1)));
+    constexpr std::string_view kFailed = "failed:";
+    std::optional<Status> sent;
+    if (value.rfind(kFailed, 0) == 0)
+      sent = DecodeStatus(std::string_view(value).substr(kFailed.size()));
+    // A value of another form, or a failure without an error code, is damaged.
+    if (!sent || sent->ok())
+      sent =
+          Status(Code::kInternal, "unreadable outcome \"" + value.substr(0, 200) + "\"").FromPeer();
+    return sent->WithContext("rank 0 failed to save step " + std::to_string(step));
   }
 
   // UNAVAILABLE for an exception of the store (its first line: LibTorch

@@ -21,9 +21,7 @@ inline Result<std::unique_ptr<Store>> OpenExisting(const std::string& uri) {
   CKPTIO_ASSIGN_OR_RETURN(auto keys, store->backend().List(""));  // NotFound: no store
   if (keys.empty()) return store;
   for (const auto& key : keys)
-    if (key == kLatestKey || key == kWriterKey || key == kLockKey || key == ".save-lock" ||
-        key.rfind(".coord/", 0) == 0 || key.rfind("step-", 0) == 0)
-      return store;
+    if (IsStoreKey(key)) return store;
   return Status(Code::kNotFound,
                 store->uri() +
                     " is not a ckptio store: it holds no LATEST, .writer, .lock, "

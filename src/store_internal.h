@@ -1,0 +1,123 @@
+// What the files of the store share (internal to ckptio_core): reading its
+// records, and the state behind a writer and its pending checkpoints.
+// store.h numbers the commit protocol; each file says which part it holds:
+//   store.cc               opening a store, listing, the writer lock (step 1), Begin (2)
+//   store_records.cc       reading manifests, LATEST and .writer
+//   checkpoint_reader.cc   verified reads
+//   pending_checkpoint.cc  streaming objects (3), the commit (4, 5)
+//   stripe_writer.cc       striped saves: a rank's part, its receipt
+//   store_maintenance.cc   retention and gc (6), fsck and repair
+#ifndef CKPTIO_SRC_STORE_INTERNAL_H_
+#define CKPTIO_SRC_STORE_INTERNAL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptio/store.h"
+
+namespace ckptio {
+
+// Reading the store's records (store_records.cc).
+struct LoadedManifest {
+  Manifest manifest;
+  Hash128 hash;  // of the MANIFEST.json bytes
+};
+// The bytes of step's MANIFEST.json; NotFound naming the step if absent.
+Result<std::string> ReadManifestBytes(StorageBackend& backend, int64_t step);
+// The manifest of `step`, from its bytes, checked (DataLoss naming the file).
+Result<Manifest> ParseManifestOf(const StorageBackend& backend, int64_t step,
+                                 std::string_view bytes);
+Result<LoadedManifest> LoadManifest(StorageBackend& backend, int64_t step);
+
+// What ListSteps needs of a manifest: the outcome of parsing it, and two
+// fields (remembered per store, step and manifest bytes: see store_records.cc).
+struct ManifestSummary {
+  Status status;  // OK, or why the step is not committed
+  uint64_t bytes = 0;
+  int64_t created_unix_ms = 0;
+};
+Result<ManifestSummary> SummarizeManifest(StorageBackend& backend, int64_t step);
+// Records the summary of manifest `m` of `step`, whose bytes hash to
+// `bytes_hash` (a writer that has just committed it).
+void RememberSummary(const StorageBackend& backend, int64_t step, const Hash128& bytes_hash,
+                     const Manifest& m);
+
+Result<std::optional<Latest>> LoadLatest(StorageBackend& backend);
+Result<WriterRecord> LoadWriterRecord(StorageBackend& backend);
+
+// Deletes a step so that a crash part-way leaves it torn, never committed
+// with objects missing: the manifest goes first.
+Status DeleteStep(StorageBackend& backend, int64_t step);
+
+// Keys grouped by step directory; other keys are ignored.
+Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& backend);
+
+// What a writer and its pending checkpoints share; lives as long as any.
+// What a writer and its pending checkpoints share; lives as long as any.
+struct WriterCore {
+  std::shared_ptr<StorageBackend> backend;
+  std::unique_ptr<BackendLock> lock;
+  WriterOptions options;
+  int64_t generation = 0;
+  size_t stale_temps_removed = 0;
+  bool pending = false;
+
+  // Aborted if another writer has claimed the store since we did.
+  Status CheckFence() {
+    auto rec = LoadWriterRecord(*backend);
+    if (!rec.ok()) {
+      if (rec.status().code() == Code::kNotFound)
+        return Status(Code::kAborted, "this writer (generation " + std::to_string(generation) +
+                                          ") was fenced: " + backend->Uri() +
+                                          "/.writer is gone; open a new writer to continue");
+      return rec.status().WithContext("checking the writer fence");
+    }
+    if (rec->generation != generation)
+      return Status(Code::kAborted,
+                    "this writer (generation " + std::to_string(generation) +
+                        ") was fenced: " + backend->Uri() + "/.writer names generation " +
+                        std::to_string(rec->generation) + " (host " + rec->host + ", pid " +
+                        std::to_string(rec->pid) +
+                        "). Another writer took over the store; stop writing from this "
+                        "process and open a new writer to continue");
+    return OkStatus();
+  }
+
+  // `just_committed`: the step this writer has just committed, which counts
+  // as the good step (its bytes were hashed as they were written), so
+  // retention after a save reads nothing back.
+  Result<GcReport> CollectGarbage(int keep_last, std::optional<int64_t> just_committed,
+                                  const ProgressFn& progress);
+};
+
+struct PendingCheckpoint::State {
+  std::shared_ptr<WriterCore> core;
+  int64_t step = 0;
+  std::string dir;  // "step-000000000012/"
+  Manifest manifest;
+  std::set<std::string, std::less<>> names;
+  int open_streams = 0;
+  Status failure;         // the first failure of any object; fails the commit
+  bool finished = false;  // committed, or failed to commit
+  bool committed = false;
+  bool striped = false;         // abandoning clears the whole step directory
+  bool manifest_tried = false;  // Commit wrote the manifest (it may be there)
+
+  void Fail(const Status& why) {
+    if (failure.ok()) failure = why;
+  }
+};
+
+struct StoreWriter::State {
+  std::shared_ptr<WriterCore> core;
+};
+
+}  // namespace ckptio
+
+#endif  // CKPTIO_SRC_STORE_INTERNAL_H_

@@ -1,0 +1,265 @@
+// Keeping a store in order: retention and garbage collection (step 6 of
+// store.h's protocol), fsck (what is committed, torn, corrupt or stale) and
+// repair.
+#include <set>
+
+#include "object_io.h"
+#include "store_internal.h"
+
+namespace ckptio {
+
+std::string_view StepStateName(StepState s) {
+  switch (s) {
+    case StepState::kCommitted:
+      return "committed";
+    case StepState::kTorn:
+      return "torn";
+    case StepState::kCorrupt:
+      return "corrupt";
+    case StepState::kUnsupported:
+      return "unsupported";
+  }
+  return "unknown";
+}
+
+std::string_view FsckKindName(FsckProblem::Kind k) {
+  switch (k) {
+    case FsckProblem::Kind::kStaleTemp:
+      return "stale-temp";
+    case FsckProblem::Kind::kTornStep:
+      return "torn-step";
+    case FsckProblem::Kind::kCorruptStep:
+      return "corrupt-step";
+    case FsckProblem::Kind::kBadLatest:
+      return "bad-latest";
+  }
+  return "unknown";
+}
+
+Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t> just_committed,
+                                            const ProgressFn& progress) {
+  if (keep_last < 1)
+    return Status(Code::kInvalidArgument,
+                  "keep_last must be at least 1 (got " + std::to_string(keep_last) + ")");
+  CKPTIO_RETURN_IF_ERROR(CheckFence());
+  Store store(backend);
+  CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
+  std::vector<int64_t> committed;
+  for (const auto& s : steps)
+    if (s.state == StepState::kCommitted) committed.push_back(s.step);
+  std::set<int64_t> keep;
+  for (size_t i = committed.size() > size_t(keep_last) ? committed.size() - keep_last : 0;
+       i < committed.size(); ++i)
+    keep.insert(committed[i]);
+  // The step LATEST names is kept; if LATEST cannot be read (other than
+  // unreadable bytes, DataLoss), which step that is is unknown: stop.
+  auto latest = LoadLatest(*backend);
+  if (!latest.ok() && latest.status().code() != Code::kDataLoss)
+    return latest.status().WithContext("gc: reading LATEST (nothing was deleted)");
+  if (latest.ok() && latest->has_value()) keep.insert((*latest)->step);
+  GcReport report;
+  if (just_committed) {
+    report.newest_good = *just_committed;
+  } else {
+    // Invariant 4 for steps that rotted after their commit: keep the newest
+    // one that still verifies, however old.
+    for (auto it = committed.rbegin(); it != committed.rend() && !report.newest_good; ++it) {
+      auto reader = store.OpenStep(*it);
+      Status v = reader.ok() ? (*reader)->Verify(progress) : reader.status();
+      if (v.ok()) {
+        report.newest_good = *it;
+      } else if (v.code() == Code::kDataLoss) {
+        report.corrupt.push_back({FsckProblem::Kind::kCorruptStep, *it, v.message()});
+      } else {
+        return v.WithContext("gc: verifying step " + std::to_string(*it) +
+                             " (nothing was deleted)");
+      }
+    }
+  }
+  if (report.newest_good) keep.insert(*report.newest_good);
+  for (int64_t step : committed) {
+    if (keep.count(step)) continue;
+    // Verifying can take long, and a lease lock can lapse meanwhile.
+    CKPTIO_RETURN_IF_ERROR(CheckFence());
+    CKPTIO_RETURN_IF_ERROR(
+        DeleteStep(*backend, step).WithContext("retention: deleting step " + std::to_string(step)));
+    report.deleted.push_back(step);
+  }
+  return report;
+}
+
+Result<GcReport> StoreWriter::CollectGarbage(int keep_last, const ProgressFn& progress) {
+  return state_->core->CollectGarbage(keep_last, std::nullopt, progress);
+}
+
+namespace {
+
+Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool verify_data,
+                              bool we_hold_lock) {
+  StorageBackend& backend = store.backend();
+  FsckReport r;
+  if (!we_hold_lock) {
+    // Look without taking the lock: a trainer opening its writer right now
+    // must not find it held by fsck.
+    auto locked = backend.IsLocked(kLockKey);
+    if (!locked.ok() && locked.status().code() != Code::kUnimplemented) return locked.status();
+    r.writer_active = locked.ok() && *locked;
+  }
+  // Listed after the lock test: temps listed before a writer took the lock
+  // (and swept them) would pass for its own.
+  CKPTIO_ASSIGN_OR_RETURN(auto keys, backend.List(""));
+  // Steps with a temp object: with a live writer, those it is writing (it
+  // swept every earlier writer's temps as it took the lock).
+  std::set<int64_t> writing;
+  bool seen_writing = false;  // in_progress has a temp object, not just a guess
+  for (const auto& key : keys) {
+    if (!IsSweepableTempKey(key)) continue;
+    if (!r.writer_active) r.problems.push_back({FsckProblem::Kind::kStaleTemp, -1, key});
+    const size_t slash = key.find('/');
+    if (slash != std::string::npos) writing.insert(ParseStepDirName(key.substr(0, slash)));
+  }
+  CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
+  if (r.writer_active) {
+    // Its save in progress: a torn step it is writing an object of, else
+    // (between two objects) most likely the newest step. A save below a
+    // newer step (after a load fell back past it) is found by the former.
+    for (const auto& s : steps)
+      if (s.state == StepState::kTorn && writing.count(s.step)) r.in_progress = s.step;
+    seen_writing = r.in_progress.has_value();
+    if (!r.in_progress && !steps.empty() && steps.back().state == StepState::kTorn)
+      r.in_progress = steps.back().step;
+  }
+  std::map<int64_t, Hash128> good;
+  for (const auto& s : steps) {
+    if (s.state == StepState::kTorn) {
+      if (r.in_progress == s.step) continue;
+      std::string detail = "no MANIFEST.json: an unfinished save";
+      if (seen_writing)
+        detail +=
+            ", not the active writer's (it is writing step " + std::to_string(*r.in_progress) + ")";
+      else if (r.writer_active)
+        detail +=
+            ", unless the active writer is saving it (between two objects: run fsck "
+            "again to tell)";
+      r.problems.push_back({FsckProblem::Kind::kTornStep, s.step, std::move(detail)});
+      continue;
+    }
+    if (s.state == StepState::kCorrupt) {
+      r.problems.push_back({FsckProblem::Kind::kCorruptStep, s.step, s.problem});
+      continue;
+    }
+    if (s.state == StepState::kUnsupported)
+      return Status(Code::kFailedPrecondition,
+                    "step " + std::to_string(s.step) + ": " + s.problem +
+                        " (this ckptio will not judge or repair a store a newer one wrote)");
+    auto reader = store.OpenStep(s.step);
+    Status v =
+        reader.ok() ? (verify_data ? (*reader)->Verify(progress) : OkStatus()) : reader.status();
+    if (v.ok()) {
+      good[s.step] = (*reader)->manifest_hash();
+    } else if (v.code() == Code::kDataLoss) {
+      r.problems.push_back({FsckProblem::Kind::kCorruptStep, s.step, v.message()});
+    } else if (v.code() != Code::kNotFound) {
+      return v;
+    }  // NotFound: retired since the listing (a live writer's retention)
+  }
+  for (const auto& [step, hash] : good) r.good_steps.push_back(step);
+
+  auto latest = store.ReadLatest();
+  auto bad_latest = [&](std::string detail) {
+    r.problems.push_back({FsckProblem::Kind::kBadLatest, -1, std::move(detail)});
+  };
+  if (!latest.ok()) {
+    if (latest.status().code() != Code::kDataLoss &&
+        latest.status().code() != Code::kFailedPrecondition)
+      return latest.status();
+    bad_latest("LATEST is unreadable: " + latest.status().message());
+  } else if (!latest->has_value()) {
+    if (!good.empty())
+      bad_latest("LATEST is missing but step " + std::to_string(good.rbegin()->first) +
+                 " is committed");
+  } else {
+    const Latest& l = **latest;
+    r.latest = l.step;
+    auto it = good.find(l.step);
+    if (it == good.end())
+      bad_latest("LATEST names step " + std::to_string(l.step) +
+                 ", which is missing, torn or corrupt");
+    else if (it->second != l.manifest_hash)
+      bad_latest("LATEST records manifest xxh3-128 " + l.manifest_hash.Hex() + " for step " +
+                 std::to_string(l.step) + ", but that manifest hashes to " + it->second.Hex());
+    else if (good.rbegin()->first > l.step)
+      bad_latest("LATEST names step " + std::to_string(l.step) + " but step " +
+                 std::to_string(good.rbegin()->first) + " is newer and good");
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<FsckReport> Store::Check(const ProgressFn& progress, bool verify_data) {
+  return CheckStore(*this, progress, verify_data, /*we_hold_lock=*/false);
+}
+
+Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
+  WriterCore& core = *state_->core;
+  if (core.pending)
+    return Status(Code::kFailedPrecondition, "cannot repair while a checkpoint is pending");
+  StorageBackend& backend = *core.backend;
+  Store store(core.backend);
+  CKPTIO_ASSIGN_OR_RETURN(FsckReport before, CheckStore(store, progress, true, true));
+  std::vector<std::string> repairs;
+  // Order matters for crash safety: LATEST moves to a good step before any
+  // step it may name is deleted.
+  for (const auto& p : before.problems) {
+    if (p.kind != FsckProblem::Kind::kBadLatest) continue;
+    if (before.good_steps.empty()) {
+      CKPTIO_RETURN_IF_ERROR(core.CheckFence());  // (checking took a while)
+      Status s = backend.Delete(kLatestKey);
+      if (!s.ok() && s.code() != Code::kNotFound)
+        return s.WithContext("repair: removing LATEST (no step verifies)");
+      repairs.push_back("removed LATEST: no step verifies");
+    } else {
+      int64_t newest = before.good_steps.back();
+      CKPTIO_ASSIGN_OR_RETURN(auto reader, store.OpenStep(newest));
+      CKPTIO_RETURN_IF_ERROR(core.CheckFence());
+      CKPTIO_RETURN_IF_ERROR(WriteSmall(
+          backend, kLatestKey, SerializeLatest({newest, core.generation, reader->manifest_hash()}),
+          WriteMode::kReplace));
+      repairs.push_back("LATEST now names step " + std::to_string(newest));
+    }
+    break;
+  }
+  for (const auto& p : before.problems) {
+    // Checking took a while (every byte was read): still ours to change?
+    if (p.kind != FsckProblem::Kind::kBadLatest) CKPTIO_RETURN_IF_ERROR(core.CheckFence());
+    switch (p.kind) {
+      case FsckProblem::Kind::kCorruptStep:
+        CKPTIO_RETURN_IF_ERROR(
+            DeleteStep(backend, p.step)
+                .WithContext("repair: deleting corrupt step " + std::to_string(p.step)));
+        repairs.push_back("deleted corrupt step " + std::to_string(p.step));
+        break;
+      case FsckProblem::Kind::kTornStep:
+        CKPTIO_RETURN_IF_ERROR(
+            DeleteStep(backend, p.step)
+                .WithContext("repair: deleting torn step " + std::to_string(p.step)));
+        repairs.push_back("deleted torn step " + std::to_string(p.step));
+        break;
+      case FsckProblem::Kind::kStaleTemp: {
+        Status s = backend.Delete(p.detail);
+        if (!s.ok() && s.code() != Code::kNotFound)
+          return s.WithContext("repair: deleting stale temp " + p.detail);
+        repairs.push_back("deleted stale temp " + p.detail);
+        break;
+      }
+      case FsckProblem::Kind::kBadLatest:
+        break;
+    }
+  }
+  // Every remaining step verified above; re-read the structure only.
+  CKPTIO_ASSIGN_OR_RETURN(FsckReport after, CheckStore(store, {}, false, true));
+  after.repairs = std::move(repairs);
+  return after;
+}
+}  // namespace ckptio
