@@ -1,0 +1,244 @@
+// The Checkpointer's saves that return before the commit: SaveAsync (the
+// state staged into reused memory, written on a background thread) and
+// SaveNonBlocking with its Ticket. The constructor and destructor are here
+// too: the background save is the only thing a Checkpointer must end.
+#include <algorithm>
+#include <exception>
+#include <future>
+#include <iostream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "ckptio/torch.h"
+#include "copy.h"
+#include "torch/libtorch_errors.h"
+#include "torch/save_plan.h"
+#include "torch/state_items.h"
+
+namespace ckptio {
+
+namespace {
+
+using internal::ArchiveOptimizer;
+using internal::CheckNames;
+using internal::Guard;
+using internal::Ready;
+using internal::SavePlan;
+
+}  // namespace
+
+// The staging memory and the thread of SaveAsync.
+struct internal::AsyncSave {
+  torch::Tensor staging;  // uint8; reused from save to save
+  std::thread worker;
+  int64_t step = 0;
+  Status result;            // the worker's outcome, read after join
+  bool unreported = false;  // result not yet returned by a later call
+  bool warned = false;      // the "too large for staging" warning, once
+  // Bytes of the optimizers' archives at the last save that made them (a
+  // lower bound when they did not fit): a save whose tensors and archives
+  // would not fit again is synchronous before anything is copied.
+  uint64_t archive_bytes = 0;
+};
+
+Checkpointer::Checkpointer() : async_(std::make_unique<internal::AsyncSave>()) {}
+
+Checkpointer::~Checkpointer() {
+  if (async_->worker.joinable()) async_->worker.join();
+}
+
+Status Checkpointer::FinishAsync() {
+  if (async_->worker.joinable()) async_->worker.join();
+  if (!async_->unreported) return OkStatus();
+  async_->unreported = false;
+  return async_->result.WithContext("the asynchronous save of step " +
+                                    std::to_string(async_->step) + " failed");
+}
+
+std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
+  const std::string attempt = NextAttempt();  // first: every rank counts every call
+  // Shared with the worker thread, and kept here should it fail to start.
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> future = promise->get_future();
+  Status previous = FinishAsync();
+  if (!previous.ok()) {
+    promise->set_value(Abandon(step, attempt, previous));
+    return future;
+  }
+  internal::AsyncSave& as = *async_;
+  as.step = step;
+  // A save that ends here (an error, or too large to stage) is reported
+  // like one that ends in the background: on the future and the next call.
+  auto done_now = [&](Status s) {
+    as.result = s;
+    as.unreported = !s.ok();
+    promise->set_value(std::move(s));
+    return std::move(future);
+  };
+  if (Status names = CheckNames(state, /*saving=*/true); !names.ok())
+    return done_now(Abandon(step, attempt, names));
+  SavePlan plan = PlanFor(state);
+  {
+    // Staging: every tensor copied, 64-byte aligned, into one reused buffer.
+    constexpr uint64_t kAlign = 64;
+    uint64_t need = 0;
+    bool cuda = false;
+    for (const auto& to : plan.tensor_objects)
+      for (const auto& [name, t] : to.tensors) {
+        if (!t.defined()) continue;
+        need = (need + kAlign - 1) / kAlign * kAlign + t.nbytes();
+        cuda = cuda || t.is_cuda();
+      }
+    // Too large to stage (`what` says how much): the call saves synchronously.
+    auto save_now = [&](const std::string& what) {
+      if (!as.warned)
+        std::cerr << "ckptio: warning: SaveAsync of step " << step << " needs " << what
+                  << ", over max_staging_bytes (" << options_.max_staging_bytes
+                  << "): saving synchronously; raise CheckpointerOptions::max_staging_bytes to "
+                     "save in the background\n";
+      as.warned = true;
+      return done_now(SaveNow(step, attempt, plan));
+    };
+    if (need > options_.max_staging_bytes)
+      return save_now(std::to_string(need) + " bytes of tensor staging");
+    // The tensors' buffer is kept from save to save: the archives get what
+    // it leaves, even when this save stages fewer tensors, or none.
+    const uint64_t tensor_staging =
+        std::max<uint64_t>(need, as.staging.defined() ? as.staging.numel() : 0);
+    const std::string tensor_bytes = std::to_string(tensor_staging) + " bytes of tensor staging";
+    if (!plan.optimizers.empty() && as.archive_bytes > options_.max_staging_bytes - tensor_staging)
+      return save_now(tensor_bytes + " and " + std::to_string(as.archive_bytes) +
+                      " bytes of optimizer archives (as at the last save)");
+    uint64_t archived = 0;
+    bool archives_too_large = false;
+    Status staged = Guard("staging the state of step " + std::to_string(step), [&]() -> Status {
+      const bool pinned = cuda && torch::cuda::is_available();
+      if (need > 0 && (!as.staging.defined() || static_cast<uint64_t>(as.staging.numel()) < need ||
+                       (pinned && !as.staging.is_pinned()))) {
+        as.staging = torch::Tensor();  // freed first: never the old and the new buffer at once
+        as.staging =
+            torch::empty({static_cast<int64_t>(std::max<uint64_t>(need, 1))},
+                         torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
+      }
+      char* base = need > 0 ? static_cast<char*>(as.staging.data_ptr()) : nullptr;
+      uint64_t off = 0;
+      torch::NoGradGuard no_grad;
+      std::vector<CopyJob> memcpys;  // contiguous CPU tensors: copied on every core
+      for (auto& to : plan.tensor_objects)
+        for (auto& [name, t] : to.tensors) {
+          if (!t.defined()) continue;
+          off = (off + kAlign - 1) / kAlign * kAlign;
+          torch::Tensor copy = torch::from_blob(base + off, t.sizes(),
+                                                torch::TensorOptions().dtype(t.scalar_type()));
+          if (t.device().is_cpu() && t.is_contiguous())
+            memcpys.push_back({base + off, static_cast<const char*>(t.data_ptr()), t.nbytes()});
+          else
+            copy.copy_(t.detach());  // from the GPU (into pinned memory), or strided
+          off += t.nbytes();
+          t = copy;
+        }
+      ParallelCopy(memcpys);
+      // The optimizers' archives take what the staging buffer left.
+      const uint64_t held = as.staging.defined() ? static_cast<uint64_t>(as.staging.numel()) : 0;
+      const uint64_t room =
+          options_.max_staging_bytes > held ? options_.max_staging_bytes - held : 0;
+      for (const auto& [object, optimizer] : plan.optimizers) {
+        auto& pieces = plan.archives.emplace_back(SavePlan::Archive{object, {}}).pieces;
+        Status archive = ArchiveOptimizer(*optimizer, object, [&](const void* d, size_t n) {
+          archived += n;
+          if (archived > room) {  // nothing more is kept (LibTorch writes on regardless)
+            archives_too_large = true;
+            return Status(Code::kResourceExhausted, "over max_staging_bytes");
+          }
+          // Small writes (zip headers) share a piece; a record's data is one.
+          constexpr size_t kLarge = 64 << 10;
+          if (n < kLarge && !pieces.empty() && pieces.back().size() < kLarge)
+            pieces.back().append(static_cast<const char*>(d), n);
+          else
+            pieces.emplace_back(static_cast<const char*>(d), n);
+          return OkStatus();
+        });
+        if (archives_too_large) {
+          plan.archives.clear();
+          break;
+        }
+        CKPTIO_RETURN_IF_ERROR(archive);
+      }
+      as.archive_bytes = archived;
+      if (!archives_too_large) plan.optimizers.clear();
+      return OkStatus();
+    });
+    if (!staged.ok()) return done_now(Abandon(step, attempt, staged));
+    if (archives_too_large)  // the staged tensors serve the synchronous save
+      return save_now(tensor_bytes + " and at least " + std::to_string(archived) +
+                      " bytes of optimizer archives");
+  }
+  auto staged = std::make_shared<const SavePlan>(std::move(plan));
+  try {
+    as.worker = std::thread([this, step, attempt, staged, promise] {
+      Status s = SaveNow(step, attempt, *staged);
+      async_->result = s;
+      async_->unreported = !s.ok();
+      promise->set_value(std::move(s));
+    });
+  } catch (const std::exception& e) {  // std::system_error (RLIMIT_NPROC), std::bad_alloc
+    std::cerr << "ckptio: warning: SaveAsync of step " << step << " could not start its thread ("
+              << e.what() << "): saving synchronously\n";
+    return done_now(SaveNow(step, attempt, *staged));
+  }
+  return future;
+}
+
+Result<bool> Checkpointer::Ticket::Poll() {
+  if (!resolved_) {
+    auto r = owner_->coordinator_->PollSaved(step_, attempt_);
+    const bool before_deadline = std::chrono::steady_clock::now() < deadline_;
+    if (!r.ok() && owner_->coordinator_->Transient(r.status()) && before_deadline) return false;
+    if (r.ok() && !*r) {
+      if (before_deadline) return false;
+      r = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
+    }
+    resolved_ = true;
+    done_ = r.ok() ? owner_->ConfirmCommitted(step_) : r.status();
+  }
+  if (!done_.ok()) return done_;
+  return true;
+}
+
+Status Checkpointer::Ticket::Wait() {
+  if (!resolved_) {
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline_ - std::chrono::steady_clock::now()));
+    Status s = owner_->coordinator_->WaitSaved(step_, attempt_, left);
+    if (s.code() == Code::kDeadlineExceeded)
+      s = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
+    if (s.ok()) s = owner_->ConfirmCommitted(step_);
+    resolved_ = true;
+    done_ = s;
+  }
+  return done_;
+}
+
+Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
+  const std::string attempt = NextAttempt();  // first: every rank counts every call
+  Status previous = Ready(FinishAsync(), state, /*saving=*/true);
+  if (!previous.ok()) return Abandon(step, attempt, previous);
+  if (options_.stripe && rank_.world_size > 1)
+    return Status(Code::kInvalidArgument,
+                  "SaveNonBlocking does not stripe (every rank writes its part of a striped "
+                  "save); use SaveAsync, whose future resolves at the commit");
+  Ticket t;
+  t.owner_ = this;
+  t.step_ = step;
+  t.attempt_ = attempt;
+  t.deadline_ = DeadlineAfter(options_.timeout);
+  if (rank_.rank == 0) {
+    t.done_ = SaveNow(step, attempt, PlanFor(state));
+    t.resolved_ = true;
+  }
+  return t;
+}
+
+}  // namespace ckptio

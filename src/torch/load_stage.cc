@@ -1,0 +1,194 @@
+// Load staging: the verified bytes of a step made into the tensors,
+// optimizer archives and metadata a load will apply, each checked first.
+#include "torch/load_stage.h"
+
+#include <set>
+
+#include "torch/libtorch_errors.h"
+#include "torch/load_apply.h"
+#include "torch/pinned_copy.h"
+#include "torch/state_items.h"
+
+namespace ckptio::internal {
+
+Result<std::unique_ptr<OpenedStep>> OpenVerified(Store& store, int64_t step) {
+  auto opened = std::make_unique<OpenedStep>();
+  CKPTIO_ASSIGN_OR_RETURN(opened->reader, store.OpenStep(step));
+  CKPTIO_RETURN_IF_ERROR(opened->ViewAll());
+  return opened;
+}
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+namespace {
+
+// A module's tensor as staged: on its device, or (`into_gpu`) its verified
+// bytes on the host, for a GPU tensor that takes them in place.
+struct StagedTensor {
+  torch::Tensor loaded;
+  bool into_gpu = false;
+};
+
+// Whether the bytes of a module's tensor `target`, bound for `device`, are
+// best written straight into its memory: a plain dense tensor already
+// there (as MemcpysInto on the CPU). Staging them on the GPU first would
+// hold the module twice there.
+bool CopiesIntoGpu(const torch::Tensor& target, torch::Device device) {
+  return device.is_cuda() && target.device() == device && target.layout() == torch::kStrided &&
+         target.is_contiguous() && !target.is_conj() && !target.is_neg() && target.numel() > 0;
+}
+
+// Stages the tensors `wanted` (name -> live tensor) from `object`: every
+// name present with the same dtype and shape, nothing extra.
+Status StageTensors(OpenedStep& opened, const std::string& object, const std::string& what,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& wanted,
+                    const MapLocation& map, const RankInfo& rank, std::vector<StagedTensor>* out) {
+  CheckpointReader& reader = *opened.reader;
+  CKPTIO_RETURN_IF_ERROR(opened.View(object).status());
+  std::map<std::string, const TensorEntry*> saved;  // from the object and its stripes' parts
+  for (const auto& t : reader.manifest().tensors)
+    if (StripeBaseObject(reader.manifest(), t.object) == object) saved[t.name] = &t;
+  std::string where = "step " + std::to_string(reader.step()) + ", " + what;
+  std::set<c10::DeviceIndex> gpus_ready;  // (see into_gpu below)
+  for (const auto& [name, live] : wanted) {
+    auto it = saved.find(name);
+    if (it == saved.end())
+      return Status(Code::kInvalidArgument, where + ": the checkpoint has no tensor \"" + name +
+                                                "\" (it has " + std::to_string(saved.size()) +
+                                                "); is this the same model?");
+    const TensorEntry& e = *it->second;
+    if (ShapeStr(e.shape) != ShapeStr(live.sizes().vec()))
+      return Status(Code::kInvalidArgument, where + ": tensor \"" + name + "\" has shape " +
+                                                ShapeStr(e.shape) + " in the checkpoint but " +
+                                                ShapeStr(live.sizes().vec()) + " in the model");
+    CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(e.device, rank));
+    CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(e.object));
+    const bool into_gpu = CopiesIntoGpu(live, device);
+    CKPTIO_ASSIGN_OR_RETURN(
+        torch::Tensor t, TensorFromView(view, e, into_gpu ? torch::Device(torch::kCPU) : device));
+    if (t.scalar_type() != live.scalar_type())
+      return Status(Code::kInvalidArgument,
+                    where + ": tensor \"" + name + "\" is " +
+                        std::string(c10::toString(t.scalar_type())) + " in the checkpoint but " +
+                        std::string(c10::toString(live.scalar_type())) + " in the model");
+    if (into_gpu && gpus_ready.insert(device.index()).second) {
+      // The copy into the module must not fail halfway: the pinned buffer is
+      // had now, and an error the GPU has pending from earlier work shows
+      // here, before anything changes.
+      try {
+        internal::ReservePinned();
+        torch::cuda::synchronize(device.index());
+      } catch (const c10::Error& err) {
+        return Status(Code::kFailedPrecondition,
+                      where + ": preparing the copy of tensor \"" + name + "\" to " + device.str() +
+                          ": " + err.what_without_backtrace() +
+                          " (pinned host memory: free memory or raise ulimit -l; or load with "
+                          "map_location \"cpu\")");
+      }
+    }
+    out->push_back({t, into_gpu});
+    saved.erase(it);
+  }
+  if (!saved.empty())
+    return Status(Code::kInvalidArgument,
+                  where + ": the checkpoint has " + std::to_string(saved.size()) +
+                      " tensor(s) the model lacks, e.g. \"" + saved.begin()->first + "\"");
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
+                     const RankInfo& rank) {
+  CheckpointReader& reader = *opened.reader;
+  Staged staged;
+  const auto& meta = reader.manifest().metadata;
+  auto kind_of = [&](const std::string& name) -> std::string {
+    auto it = meta.find(kItemPrefix + name);
+    return it == meta.end() ? "" : it->second;
+  };
+  // The loose tensors: those of tensors.safetensors and its stripe parts
+  // (unless that is a module's, one named "tensors").
+  std::map<std::string, const TensorEntry*> loose_saved;
+  if (kind_of("tensors") != "module" &&
+      std::any_of(state.items.begin(), state.items.end(),
+                  [](const StateItem& i) { return i.kind() == StateItem::Kind::kTensor; }))
+    for (const auto& t : reader.manifest().tensors)
+      if (StripeBaseObject(reader.manifest(), t.object) == kTensorsObject) loose_saved[t.name] = &t;
+  std::vector<std::pair<torch::Tensor*, const TensorEntry*>> loose;
+  for (StateItem& item : state.items) {
+    const std::string& name = item.name();
+    const std::string kind = kind_of(name);
+    const std::string missing =
+        "step " + std::to_string(reader.step()) + " has no " +
+        std::string(item.kind() == StateItem::Kind::kModule      ? "module"
+                    : item.kind() == StateItem::Kind::kOptimizer ? "optimizer"
+                                                                 : "tensor") +
+        " named \"" + name + "\"";
+    switch (item.kind()) {
+      case StateItem::Kind::kModule: {
+        if (kind != "module") return Status(Code::kInvalidArgument, missing);
+        auto live = ModuleTensors(item.module());
+        std::vector<StagedTensor> loaded;
+        CKPTIO_RETURN_IF_ERROR(Guard("loading module " + name, [&] {
+          return StageTensors(opened, ModuleObject(name), "module " + name, live, map, rank,
+                              &loaded);
+        }));
+        for (size_t i = 0; i < live.size(); ++i) {
+          if (loaded[i].into_gpu) {  // a byte copy into its memory, as MemcpysInto
+            staged.into_gpu.emplace_back(live[i].second, loaded[i].loaded);
+            continue;
+          }
+          if (std::string why = WhyNotApplicable(live[i].second, loaded[i].loaded); !why.empty())
+            return Status(Code::kInvalidArgument,
+                          "module " + name + ": \"" + live[i].first + "\" " + why);
+          staged.module_tensors.emplace_back(live[i].second, loaded[i].loaded);
+        }
+        break;
+      }
+      case StateItem::Kind::kOptimizer: {
+        if (kind.rfind("optimizer", 0) != 0) return Status(Code::kInvalidArgument, missing);
+        CKPTIO_ASSIGN_OR_RETURN(auto bytes, opened.View(OptimizerObject(name)));
+        // The mapping sees the device recorded at save time ("optimizer:<d>"),
+        // as for tensors; the optimizer's own where none was recorded.
+        const std::string saved = kind.size() > 10 ? kind.substr(10) : DeviceOf(item.optimizer());
+        CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(saved, rank));
+        staged.optimizers.push_back({name, &item.optimizer(), std::move(bytes), device});
+        break;
+      }
+      case StateItem::Kind::kTensor: {
+        // Older checkpoints also list each as ckptio.item.<name> = tensor.
+        auto it = loose_saved.find(name);
+        if (kind == "tensor" && it == loose_saved.end())
+          return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) + ": tensor \"" +
+                                             name + "\" is listed but not stored");
+        if (!(kind.empty() || kind == "tensor") || it == loose_saved.end())
+          return Status(Code::kInvalidArgument, missing);
+        loose.emplace_back(&item.tensor(), it->second);
+        break;
+      }
+    }
+  }
+  if (!loose.empty()) {
+    // Loose tensors take the saved shape and dtype, whatever the target
+    // held before (like torch::load of a tensor).
+    CKPTIO_RETURN_IF_ERROR(opened.View(kTensorsObject).status());
+    for (const auto& [target, entry] : loose) {
+      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(entry->device, rank));
+      CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(entry->object));
+      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, *entry, device));
+      if (std::string why = WhyNotApplicable(*target, t, /*named=*/true); !why.empty())
+        return Status(Code::kInvalidArgument, "tensor \"" + entry->name + "\" " + why);
+      staged.tensors.emplace_back(target, t);
+    }
+  }
+  for (const auto& [key, value] : meta)
+    if (key.rfind(kUserPrefix, 0) == 0) staged.metadata[key.substr(sizeof kUserPrefix - 1)] = value;
+  return staged;
+}
+
+}  // namespace ckptio::internal

@@ -1,0 +1,82 @@
+// Load staging (internal to ckptio_torch): a step opened with every object
+// verified once, and everything a load will apply, prepared from it without
+// touching the caller's state.
+#ifndef CKPTIO_SRC_TORCH_LOAD_STAGE_H_
+#define CKPTIO_SRC_TORCH_LOAD_STAGE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckptio/safetensors.h"
+#include "ckptio/torch.h"
+
+namespace ckptio::internal {
+
+// A step opened for loading: each object is viewed (read or mapped, and
+// verified) once, however many tensors come from it.
+struct OpenedStep {
+  std::unique_ptr<CheckpointReader> reader;
+  std::map<std::string, std::shared_ptr<ObjectView>, std::less<>> views;
+
+  // The verified view of `object`; for a tensor file, its safetensors header
+  // checked against the manifest too.
+  Result<std::shared_ptr<ObjectView>> View(const std::string& object) {
+    auto it = views.find(object);
+    if (it != views.end()) return it->second;
+    CKPTIO_ASSIGN_OR_RETURN(auto view, reader->View(object));
+    const Manifest& m = reader->manifest();
+    if (std::any_of(m.tensors.begin(), m.tensors.end(),
+                    [&](const TensorEntry& t) { return t.object == object; }))
+      CKPTIO_RETURN_IF_ERROR(CheckSafetensorsObject(
+          m, object, std::string_view(view->data(), static_cast<size_t>(view->size()))));
+    return views.emplace(object, std::move(view)).first->second;
+  }
+
+  // Every object: what deciding that a step is good takes.
+  Status ViewAll() {
+    for (const auto& o : reader->manifest().objects) CKPTIO_RETURN_IF_ERROR(View(o.name).status());
+    return OkStatus();
+  }
+};
+
+// `step` opened and every object verified: DataLoss when it is damaged.
+Result<std::unique_ptr<OpenedStep>> OpenVerified(Store& store, int64_t step);
+
+// Everything a load will apply, prepared without touching the caller's state.
+struct Staged {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> module_tensors;  // (target, loaded)
+  // (a module's contiguous tensor on a GPU, its verified bytes on the host):
+  // copied into the tensor's own memory, with no second copy on the GPU.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> into_gpu;
+  struct Optimizer {
+    std::string name;
+    torch::optim::Optimizer* target;
+    std::shared_ptr<ObjectView> bytes;
+    torch::Device device;  // where its state goes (map_location of the saved device)
+  };
+  std::vector<Optimizer> optimizers;
+  std::vector<std::pair<torch::Tensor*, torch::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Stages what `state` takes from `opened`, changing nothing of it: every
+// item found under its kind; a module's tensors verified, each with the
+// module's dtype and shape, on the device `map` gives it; an optimizer's
+// verified archive and the device its state goes to; the named tensors
+// (which take the saved dtype and shape); the user metadata. Refuses what
+// Apply could not put in (WhyNotApplicable).
+Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
+                     const RankInfo& rank);
+
+// "[90, 4]": a shape, for messages.
+std::string ShapeStr(const std::vector<int64_t>& s);
+
+}  // namespace ckptio::internal
+
+#endif  // CKPTIO_SRC_TORCH_LOAD_STAGE_H_
