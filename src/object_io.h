@@ -23,12 +23,6 @@ int64_t NowUnixMs();
 std::string HostName();
 
 
-// For ckptio-bench only, never for data that matters: while off, ObjectStream
-// writes without hashing and records the digests of nothing, so every load of
-// what it wrote fails verification. The benchmark saves once with and once
-// without to measure what checksums cost a save. On by default.
-void SetChecksumsForBenchmark(bool on);
-
 }  // namespace ckptio
 
 #endif  // CKPTIO_SRC_OBJECT_IO_H_

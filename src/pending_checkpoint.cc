@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -84,11 +83,7 @@ class Overlap {
 
 // Writes at least this large hash on the caller's thread while they are written.
 constexpr size_t kOverlapBytes = 1 << 20;
-
-std::atomic<bool> checksums_on{true};  // SetChecksumsForBenchmark
 }  // namespace
-
-void SetChecksumsForBenchmark(bool on) { checksums_on.store(on); }
 
 struct ObjectStream::State {
   PendingCheckpoint::State* owner = nullptr;
@@ -129,15 +124,13 @@ Status ObjectStream::Write(const void* data, size_t size) {
     st.Die(s);
     return s;
   }
-  auto hash = [&, on = checksums_on.load(std::memory_order_relaxed)] {
+  auto hash = [&] {
     const char* p = static_cast<const char*>(data);
     const uint64_t cs = st.entry.chunk_size;
     for (size_t left = size; left > 0;) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(left, cs - st.in_chunk));
-      if (on) {
-        st.chunk.Update(p + (size - left), n);
-        st.whole.Update(p + (size - left), n);  // while the piece is in cache
-      }
+      st.chunk.Update(p + (size - left), n);
+      st.whole.Update(p + (size - left), n);  // while the piece is in cache
       st.in_chunk += n;
       left -= n;
       if (st.in_chunk == cs) {

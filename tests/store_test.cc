@@ -6,7 +6,6 @@
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
-#include "object_io.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -300,25 +299,6 @@ TEST_F(StoreTest, ReadOfATruncatedObjectIsDataLossAndZeroesTheBuffer) {
   EXPECT_EQ(s.code(), Code::kDataLoss);
   EXPECT_NE(s.message().find("step 1"), std::string::npos) << s;
   EXPECT_EQ(buf, std::string(100, '\0'));
-}
-
-// The benchmark's switch really skips hashing (so what it measures is the
-// cost of checksums), and what is saved without them never verifies.
-TEST_F(StoreTest, SavesWithoutChecksumsForTheBenchmarkNeverVerify) {
-  auto w = Writer();
-  const std::string big = RandomBytes((5 << 20) + 7, 4);  // 2 chunks, written overlapped
-  SetChecksumsForBenchmark(false);
-  auto info = Save(*w, 1, {{"a", big}, {"b", "small"}});
-  SetChecksumsForBenchmark(true);
-  ASSERT_TRUE(info.ok()) << info.status();
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
-  EXPECT_EQ(r->manifest().Find("a")->chunks.size(), 2u);
-  EXPECT_EQ(r->Verify().code(), Code::kDataLoss);
-  EXPECT_EQ(r->ReadAll("b").status().code(), Code::kDataLoss);
-
-  ASSERT_TRUE(Save(*w, 2, {{"a", big}, {"b", "small"}}).ok()) << "back on";
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r2, store_->OpenStep(2));
-  CKPTIO_EXPECT_OK(r2->Verify());
 }
 
 // Forwards to a backend but cannot map objects: views take the buffer path.

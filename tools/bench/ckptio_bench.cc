@@ -35,7 +35,6 @@
 #include "ckptio/backends.h"
 #include "ckptio/hash.h"
 #include "ckptio/torch.h"
-#include "object_io.h"  // SetChecksumsForBenchmark
 
 namespace {
 
@@ -402,26 +401,36 @@ int StripeChild(const std::string& store_dir, int64_t size_mib, int repeat,
   return 0;
 }
 
-// What checksums cost: saves with hashing switched off (a bench-only switch;
-// what they write never verifies) against saves with it on, back to back in
-// alternating order, in `dir` and again on tmpfs (`shm`, when it has room:
-// no disk to hide the hashing behind, and far less noise). A phase of its
-// own, after the other contenders, so that their writeback does not land in
-// the middle of these pairs.
-void ChecksumPairs(const std::string& dir, const std::string& shm,
-                   std::vector<torch::Tensor> tensors, int repeat,
+// What checksums cost: a save of the "large" shape's bytes through
+// ckptio::Store by ckptio-bench-save, against the same save by
+// ckptio-bench-save-unhashed (the same program built with a hasher that does
+// no work; what it writes never verifies), each a child process timing only
+// its save, back to back in alternating order, in `dir` and again on tmpfs
+// (`shm`, when it has room: no disk to hide the hashing behind, and far less
+// noise). A phase of its own, after the other contenders, so that their
+// writeback does not land in the middle of these pairs.
+void ChecksumPairs(const std::string& dir, const std::string& shm, const Shape& shape, int repeat,
                    std::map<std::string, std::vector<double>>& t) {
-  ckptio::State state = StateOf(tensors);
+  const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
+  auto save = [&](bool checksums, const std::string& store) {
+    const std::string cmd =
+        "'" + (bin / (checksums ? "ckptio-bench-save" : "ckptio-bench-save-unhashed")).string() +
+        "' '" + store + "' " + std::to_string(shape.count) + " " + std::to_string(shape.elems * 4);
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) Die("popen " + cmd);
+    double secs = -1;
+    if (std::fscanf(p, "%lf", &secs) != 1) secs = -1;
+    if (::pclose(p) != 0 || secs < 0) Die("checksum pair save failed: " + cmd);
+    return secs;
+  };
   for (const std::string where : {"", "_tmpfs"}) {
     if (!where.empty() && shm.empty()) continue;
     const std::string store = (where.empty() ? dir : shm) + "/store-pair";
     for (int r = 0; r < repeat; ++r) {
       for (bool checksums : {r % 2 == 0, r % 2 == 1}) {
         RemoveAndSettle(store);
-        ckptio::SetChecksumsForBenchmark(checksums);
-        CkptioSave(store, state,
-                   &t[(checksums ? "ckptio_save_hashed" : "ckptio_save_unhashed") + where]);
-        ckptio::SetChecksumsForBenchmark(true);
+        t[(checksums ? "ckptio_save_hashed" : "ckptio_save_unhashed") + where].push_back(
+            save(checksums, store));
       }
     }
     RemoveAndSettle(store);
@@ -682,7 +691,7 @@ int main(int argc, char** argv) {
         t["python_load_cold"].push_back(Python("load", raw, pypt, shape, script));
       }
     }
-    if (shape.name == "large") ChecksumPairs(dir, shm, tensors, repeat, t);
+    if (shape.name == "large") ChecksumPairs(dir, shm, shape, repeat, t);
     if (stripe_ranks > 1 && shape.name == "large")
       StripeRanks(argv[0], dir, stripe_ranks, size_mib, repeat, t);
     if (!nfs_uri.empty() && shape.name == "large") {
