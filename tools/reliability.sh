@@ -24,7 +24,7 @@ hostile=$("$bin/manifest_test" --gtest_list_tests | grep -c '^  RejectedWithPrec
 Every number below was printed by a test of this repository in one run of
 `tools/reliability.sh`, which regenerates this page (the same tests run in
 `tools/test.sh` and CI). What each scenario does and what it proves is in
-the test named with it; the invariants are those of `../shared/DESIGN.md`.
+the test named with it; the invariants are those of [DESIGN.md](DESIGN.md).
 
 HEAD
   echo "Generated $(date -u +%Y-%m-%dT%H:%MZ) at commit $(git -C "$CKPTIO_ROOT" rev-parse --short HEAD) on $(nproc) cores."

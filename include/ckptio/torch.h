@@ -1,16 +1,27 @@
 // ckptio for LibTorch (library ckptio::torch): checkpoints of modules,
 // optimizers, tensors and metadata across the ranks of a data-parallel job.
 //
-//   auto rank = ckptio::RankInfo::FromEnv();                 // torchrun, Slurm, Open MPI
+// Example: resume from the newest good step, stop on any error
+//   auto rank = ckptio::RankInfo::FromEnv();            // torchrun, Slurm, Open MPI
+//   if (!rank.ok()) { std::cerr << rank.status() << "\n"; return 1; }
 //   ckptio::CheckpointerOptions opt;
-//   opt.wait = ckptio::WaitMode::kFileLock;                  // or kManifest, or kStore
+//   opt.wait = ckptio::WaitMode::kFileLock;             // or kManifest, or kStore
 //   opt.keep_last = 3;
 //   auto ckpt = ckptio::Checkpointer::Open("/ckpt/run42", *rank, opt);
-//   ckptio::State state{{"model", *model}, {"optim", optimizer}};
-//   auto got = (*ckpt)->Load(state);                        // every rank, same step
-//   int64_t start = got.ok() && got->has_value() ? (*got)->step + 1 : 0;
-//   ...
-//   (*ckpt)->Save(step, state);   // rank 0 writes; the others return once committed
+//   if (!ckpt.ok()) { std::cerr << ckpt.status() << "\n"; return 1; }
+//   ckptio::State state{{"model", model}, {"optim", optimizer}};
+//   auto got = (*ckpt)->Load(state);                   // every rank, same step
+//   if (!got.ok()) {                // unreadable, or nothing verifies: never
+//     std::cerr << got.status() << "\n";  // restart from step 0 because of it
+//     return 1;
+//   }
+//   int64_t start = got->has_value() ? (*got)->step + 1 : 0;  // nullopt: none yet
+//   for (int64_t step = start; step < steps; ++step) {
+//     TrainStep();
+//     if (step % 500 != 0) continue;
+//     ckptio::Status saved = (*ckpt)->Save(step, state);  // rank 0 writes; the
+//     if (!saved.ok()) { std::cerr << saved << "\n"; return 1; }  // others wait
+//   }
 //
 // On disk (docs/FORMAT.md): each module is "<name>.safetensors" (readable by
 // any safetensors reader), each optimizer "<name>.optim.pt" (LibTorch's own
