@@ -1,0 +1,263 @@
+// The Checkpointer across real processes, every wait mode: striped saves
+// (every rank writes part of each step) that load bit-exactly, and a
+// striping rank SIGKILLed mid-save. See torch_ranks_test_util.h.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "torch_ranks_test_util.h"
+
+namespace ckptio::torch_ranks_testing {
+namespace {
+
+// ---------------------------------------------------------------- g. striped saves
+
+// A module plus eight 64 KiB tensors, the same on every rank for a seed.
+struct StripedTrainee : Trainee {
+  explicit StripedTrainee(uint64_t seed) : Trainee(seed) {
+    for (int i = 0; i < 8; ++i) extra.push_back(torch::randn({16 << 10}));
+  }
+  void Train(int64_t step) {
+    Trainee::Train(step);
+    torch::NoGradGuard no_grad;
+    for (auto& e : extra) e.add_(0.5);
+  }
+  State state() {
+    State s = Trainee::state();
+    for (size_t i = 0; i < extra.size(); ++i)
+      s.items.emplace_back("t" + std::to_string(i), extra[i]);
+    return s;
+  }
+  std::string hash() const {
+    uint64_t h = Fnv(1469598103934665603ull, Trainee::hash().data(), 16);
+    for (const auto& e : extra) h = Fnv(h, e.data_ptr(), e.nbytes());
+    return Hex(h);
+  }
+  std::vector<torch::Tensor> extra;
+};
+
+// Bytes of the committed step's objects, by the rank that wrote them
+// ("<object>.part-<r>.safetensors", rank 0 for the rest).
+Result<std::vector<uint64_t>> BytesByRank(const std::string& path, int64_t step) {
+  CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(path));
+  CKPTIO_ASSIGN_OR_RETURN(auto reader, store->OpenStep(step));
+  CKPTIO_RETURN_IF_ERROR(reader->Verify());
+  std::vector<uint64_t> bytes(kWorld, 0);
+  for (const auto& o : reader->manifest().objects) {
+    size_t at = o.name.find(".part-");
+    int r = at == std::string::npos ? 0 : std::atoi(o.name.c_str() + at + 6);
+    if (r < 0 || r >= kWorld) return Status(Code::kDataLoss, "odd part name " + o.name);
+    bytes[r] += o.size;
+  }
+  return bytes;
+}
+
+// Five striped saves: every rank writes part of each, the step verifies
+// the moment Save returns on every rank, and a load gives every rank the
+// state it trained, bit for bit, with Adam's moments.
+TEST_P(TorchRanksTest, StripedSavesSpreadTheBytesAndLoadBitExact) {
+  constexpr int kRounds = 5;
+  const Launch launch = NewLaunch();
+  Ranks ranks(launch, [&](RankEnv& me) -> int {
+    StripedTrainee t(kInitSeed);
+    auto ckpt = me.Open(kTimeout, /*stripe=*/true);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    int64_t keys_after_first = 0;  // kStore, rank 0: the c10d store's keys after save 1
+    for (int64_t step = 1; step <= kRounds; ++step) {
+      t.Train(step);
+      Status s = (*ckpt)->Save(step, state);
+      if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+      if (step == 1 && me.c10d && me.rank == 0) keys_after_first = me.c10d->getNumKeys();
+      auto bytes = BytesByRank(launch.path, step);
+      if (!bytes.ok()) return Fail(me.rank, kExitBadStep, bytes.status().ToString());
+      std::string line = "bytes";
+      for (uint64_t b : *bytes) line += " " + std::to_string(b);
+      me.Say(line);
+    }
+    me.Say("trained " + t.hash());
+    StripedTrainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
+    State into = fresh.state();
+    auto got = (*ckpt)->Load(into);
+    if (!got.ok() || !got->has_value())
+      return Fail(me.rank, kExitLoadFailed, got.ok() ? "nothing" : got.status().ToString());
+    me.Say("loaded " + std::to_string((*got)->step) + " " + fresh.hash());
+    t.Train(kRounds + 1);
+    fresh.Train(kRounds + 1);
+    me.Say("next " + t.hash() + " " + fresh.hash());
+    // One more striped save: the coordination records of every striped
+    // save and of the load before it are gone once it returns on rank 0.
+    Status s = (*ckpt)->Save(kRounds + 1, state);
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+    constexpr char kCounted[] = "torch-ranks-test/counted";
+    if (me.c10d) {
+      try {
+        if (me.rank != 0) {
+          me.c10d->wait({kCounted});  // adds nothing to the store before rank 0 counted
+          return kExitOk;
+        }
+        // Keys added since save 1: one save outcome for each later save.
+        me.Say("records " + std::to_string(me.c10d->getNumKeys() - keys_after_first));
+        me.c10d->set(kCounted, std::vector<uint8_t>{1});
+      } catch (const std::exception& e) {
+        return Fail(me.rank, kExitSetup, std::string("TCPStore: ") + e.what());
+      }
+    } else if (me.rank == 0) {
+      auto left = OpenBackendForTest(launch.path)->List(".coord/");
+      if (!left.ok()) return Fail(me.rank, kExitBadStep, left.status().ToString());
+      me.Say("records " + std::to_string(left->size()));  // .coord/save only
+    }
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+  for (int r = 0; r < kWorld; ++r) {
+    auto bytes = ranks.Await(r, "bytes", milliseconds(60000));
+    ASSERT_TRUE(bytes.has_value() && bytes->size() == kWorld)
+        << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
+    for (int w = 0; w < kWorld; ++w)
+      EXPECT_GE(std::stoull((*bytes)[w]), 64u << 10) << "rank " << w << " wrote (almost) nothing";
+    auto trained = ranks.Await(r, "trained", milliseconds(60000));
+    auto loaded = ranks.Await(r, "loaded", milliseconds(20000));
+    ASSERT_TRUE(trained && loaded && loaded->size() == 2u) << "rank " << r;
+    EXPECT_EQ((*loaded)[0], std::to_string(kRounds));
+    EXPECT_EQ((*loaded)[1], (*trained)[0]) << "rank " << r << " loaded other state than it trained";
+    auto next = ranks.Await(r, "next", milliseconds(10000));
+    ASSERT_TRUE(next && next->size() == 2u) << "rank " << r;
+    EXPECT_EQ((*next)[0], (*next)[1]) << "rank " << r << ": Adam state did not come back";
+  }
+  auto records = ranks.Await(0, "records", milliseconds(60000));
+  ASSERT_TRUE(records && records->size() == 1u);
+  const int expected = launch.mode == WaitMode::kStore ? kRounds : 1;
+  EXPECT_EQ(std::stoi((*records)[0]), expected)
+      << "coordination records of striped saves or loads were left behind";
+  EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: %d striped saves x %d ranks: every rank wrote part of every step, which "
+      "verified on every rank as Save returned; all loaded the state they trained, Adam "
+      "included; no go-ahead, receipt or load decision left behind\n",
+      mode_name().c_str(), kRounds + 1, kWorld);
+}
+
+// Kills its own process when an object whose key contains `needle` is
+// about to be committed (its bytes written, not yet durable).
+class KillAtCommit : public ::ckptio::testing::ForwardingBackend {
+ public:
+  KillAtCommit(std::shared_ptr<StorageBackend> inner, std::string needle)
+      : ForwardingBackend(std::move(inner)), needle_(std::move(needle)) {}
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    CKPTIO_ASSIGN_OR_RETURN(auto w, ForwardingBackend::NewObject(key, mode));
+    if (std::string(key).find(needle_) == std::string::npos) return w;
+    struct Killer : ObjectWriter {
+      std::unique_ptr<ObjectWriter> inner;
+      Status Append(const void* d, size_t n) override { return inner->Append(d, n); }
+      Status Commit() override {
+        ::kill(::getpid(), SIGKILL);
+        return inner->Commit();
+      }
+    };
+    auto k = std::make_unique<Killer>();
+    k->inner = std::move(w);
+    return std::unique_ptr<ObjectWriter>(std::move(k));
+  }
+
+ private:
+  std::string needle_;
+};
+
+// Rank 2 dies (SIGKILL) while writing its stripe of step 2: no rank
+// returns success for step 2 (rank 0 by its deadline, naming rank 2), step 1
+// stays the newest committed step, and a relaunch loads step 1 and saves
+// striped again.
+TEST_P(TorchRanksTest, AStripingRankKilledMidSaveFailsTheStepAndARelaunchRecovers) {
+  constexpr milliseconds kShort(4000);
+  const Launch first = NewLaunch(/*agent_serves=*/true);
+  Ranks ranks(first, [&](RankEnv& me) -> int {
+    StripedTrainee t(kInitSeed);
+    std::shared_ptr<StorageBackend> backend;
+    if (me.rank == 2) {
+      auto posix = OpenBackendForTest(first.path);
+      if (!posix) return Fail(me.rank, kExitSetup, "no backend");
+      backend = std::make_shared<KillAtCommit>(posix, "step-000000000002/");
+    }
+    auto ckpt = me.Open(kShort, /*stripe=*/true, backend);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    t.Train(1);
+    Status s = (*ckpt)->Save(1, state);
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+    me.Say("saved1 " + t.hash());
+    t.Train(2);
+    s = (*ckpt)->Save(2, state);  // rank 2 dies in here
+    me.Say(FormatReport(s, NowNs()));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+  std::string saved1;
+  for (int r : {0, 1, 3}) {
+    auto line = ranks.AwaitLine(r, "ret", milliseconds(60000));
+    auto ret = ParseReport(line);
+    ASSERT_TRUE(ret.has_value()) << "rank " << r << " exit "
+                                 << ranks.child(r).ExitCode(milliseconds(2000));
+    EXPECT_NE(ret->code, Code::kOk) << "rank " << r << " reported step 2 saved";
+    if (r == 0) {
+      EXPECT_NE(ret->message.find("rank 2's stripe"), std::string::npos) << ret->message;
+    }
+    auto s1 = ranks.Await(r, "saved1", milliseconds(1000));
+    ASSERT_TRUE(s1.has_value());
+    saved1 = (*s1)[0];
+  }
+  EXPECT_EQ(ranks.child(2).ExitCode(milliseconds(20000)), 128 + SIGKILL)
+      << "rank 2 should have been killed";
+  {
+    auto store = OpenStore(first.path);
+    ASSERT_TRUE(store.ok());
+    auto latest = (*store)->OpenLatest();
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    EXPECT_EQ((*latest)->step(), 1);
+    CKPTIO_EXPECT_OK((*latest)->Verify());
+    EXPECT_FALSE((*store)->OpenStep(2).ok()) << "step 2 must not be committed";
+  }
+
+  const Launch second = NewLaunch(/*agent_serves=*/true);
+  Ranks again(second, [&](RankEnv& me) -> int {
+    StripedTrainee t(kFreshSeed + static_cast<uint64_t>(me.rank));
+    auto ckpt = me.Open(kTimeout, /*stripe=*/true);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    auto got = (*ckpt)->Load(state);
+    if (!got.ok() || !got->has_value())
+      return Fail(me.rank, kExitLoadFailed, got.ok() ? "nothing" : got.status().ToString());
+    me.Say("loaded " + std::to_string((*got)->step) + " " + t.hash());
+    t.Train(2);
+    Status s = (*ckpt)->Save(2, state);
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+    auto bytes = BytesByRank(second.path, 2);
+    if (!bytes.ok()) return Fail(me.rank, kExitBadStep, bytes.status().ToString());
+    me.Say("saved2");
+    return kExitOk;
+  });
+  ASSERT_TRUE(again.started());
+  for (int r = 0; r < kWorld; ++r) {
+    auto loaded = again.Await(r, "loaded", milliseconds(60000));
+    ASSERT_TRUE(loaded && loaded->size() == 2u)
+        << "rank " << r << " exit " << again.child(r).ExitCode(milliseconds(2000));
+    EXPECT_EQ((*loaded)[0], "1");
+    EXPECT_EQ((*loaded)[1], saved1) << "rank " << r;
+    EXPECT_TRUE(again.Await(r, "saved2", milliseconds(60000)).has_value()) << "rank " << r;
+  }
+  EXPECT_ALL_RANKS_EXIT_OK(again, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: rank 2 SIGKILLed while committing its stripe: no rank reported the step "
+      "saved (rank 0 named rank 2's stripe), the previous step stayed LATEST and verified; a "
+      "relaunch loaded it on every rank and saved striped again\n",
+      mode_name().c_str());
+}
+
+}  // namespace
+}  // namespace ckptio::torch_ranks_testing
