@@ -4,8 +4,11 @@
 // its staging would not fit, retention that could not delete an old step.
 // By default each line goes to stderr as "ckptio: warning: <message>".
 //
-//   ckptio::SetLogSink([&](ckptio::LogLevel level, std::string_view message) {
-//     my_logger.warn("ckptio: {}", message);
+// Example: route ckptio's warnings into the trainer's own log
+//   #include <iostream>
+//   ckptio::SetLogSink([](ckptio::LogLevel level, std::string_view message) {
+//     std::clog << (level == ckptio::LogLevel::kWarning ? "[warn] " : "[info] ")
+//               << "ckptio: " << message << "\n";
 //   });
 #ifndef CKPTIO_LOG_H_
 #define CKPTIO_LOG_H_

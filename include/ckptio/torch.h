@@ -5,18 +5,17 @@
 //   auto rank = ckptio::RankInfo::FromEnv();            // torchrun, Slurm, Open MPI
 //   if (!rank.ok()) { std::cerr << rank.status() << "\n"; return 1; }
 //   ckptio::CheckpointerOptions opt;
-//   opt.wait = ckptio::WaitMode::kFileLock;             // or kManifest, or kStore
+//   opt.wait = ckptio::WaitOn::FileLock();   // or Manifest(), C10dStore(tcp_store)
 //   opt.keep_last = 3;
 //   auto ckpt = ckptio::Checkpointer::Open("/ckpt/run42", *rank, opt);
 //   if (!ckpt.ok()) { std::cerr << ckpt.status() << "\n"; return 1; }
 //   ckptio::State state{{"model", model}, {"optim", optimizer}};
-//   auto got = (*ckpt)->Load(state);                   // every rank, same step
-//   if (!got.ok()) {                // unreadable, or nothing verifies: never
-//     std::cerr << got.status() << "\n";  // restart from step 0 because of it
+//   auto loaded = (*ckpt)->Load(state);                // every rank, same step
+//   if (!loaded.ok()) {             // unreadable, or nothing verifies: never
+//     std::cerr << loaded.status() << "\n";  // restart from step 0 because of it
 //     return 1;
 //   }
-//   int64_t start = got->has_value() ? (*got)->step + 1 : 0;  // nullopt: none yet
-//   for (int64_t step = start; step < steps; ++step) {
+//   for (int64_t step = loaded->next_step(); step < steps; ++step) {  // 0: none yet
 //     TrainStep();
 //     if (step % 500 != 0) continue;
 //     ckptio::Status saved = (*ckpt)->Save(step, state);  // rank 0 writes; the
@@ -53,7 +52,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -63,12 +61,14 @@
 #include "ckptio/status.h"
 #include "ckptio/store.h"
 
+namespace c10d {
+class Store;
+}  // namespace c10d
+
 namespace ckptio {
 
 namespace internal {
-struct OpenedStep;
-struct AsyncSave;
-struct SavePlan;
+struct C10dStoreHandle;
 }  // namespace internal
 
 // A named piece of state (names unique; module and optimizer names: 1-160 of
@@ -138,10 +138,33 @@ class MapLocation {
   std::function<Result<torch::Device>(const std::string&, const RankInfo&)> fn_;
 };
 
+// How the ranks that do not write learn that rank 0 committed a save, and
+// how every rank learns which step to load (ckptio/coordination.h has the
+// details).
+class WaitOn {
+ public:
+  // The others poll the store for the step's manifest (any backend).
+  static WaitOn Manifest();
+  // Rank 0 holds a lock on <store>/.save-lock while it saves: a rank 0 that
+  // dies is seen at once (the kernel or the NFS server drops its lock).
+  static WaitOn FileLock();
+  // Through the trainer's c10d store (its TCPStore): no polling of the
+  // storage. `store` must not be null (Checkpointer::Open refuses it).
+  static WaitOn C10dStore(c10::intrusive_ptr<c10d::Store> store);
+
+  WaitMode mode() const { return mode_; }
+  // The c10d store of C10dStore(); null otherwise.
+  const internal::C10dStoreHandle* c10d_store() const { return store_.get(); }
+
+ private:
+  WaitOn(WaitMode mode, std::shared_ptr<const internal::C10dStoreHandle> store)
+      : mode_(mode), store_(std::move(store)) {}
+  WaitMode mode_;
+  std::shared_ptr<const internal::C10dStoreHandle> store_;
+};
+
 struct CheckpointerOptions {
-  WaitMode wait = WaitMode::kManifest;
-  // The trainer's store (e.g. its TCPStore), for WaitMode::kStore.
-  c10::intrusive_ptr<c10d::Store> c10d_store;
+  WaitOn wait = WaitOn::Manifest();
   int keep_last = 0;  // 0 keeps every step
   // Every wait (for a commit, a load decision, the save lock) ends by then (>= 1 ms).
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
@@ -179,11 +202,19 @@ struct LoadOptions {
   MapLocation map_location = MapLocation::Auto();
 };
 
+// What a Load did. A failed Load is an error (Result's status), never a
+// LoadResult: a trainer that checks ok() cannot mistake a damaged or
+// unreachable store for a fresh start.
 struct LoadResult {
-  int64_t step = 0;
+  // The step loaded into the state; nullopt when the store holds no
+  // checkpoint yet (a fresh start: the state is as it was).
+  std::optional<int64_t> step;
   // Newer steps that failed verification and were skipped, with the reason
   // (the same on every rank).
   std::vector<std::pair<int64_t, std::string>> skipped;
+
+  // Where training resumes: the step after the one loaded, 0 on a fresh start.
+  int64_t next_step() const { return step ? *step + 1 : 0; }
 };
 
 class Checkpointer {
@@ -197,104 +228,46 @@ class Checkpointer {
   // this one's.
   static Result<std::unique_ptr<Checkpointer>> Open(std::string_view uri, const RankInfo& rank,
                                                     CheckpointerOptions options = {});
+  // Waits for a save still in flight (SaveAsync).
   ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
 
-  const RankInfo& rank() const { return rank_; }
-  Store& store() { return *store_; }
+  const RankInfo& rank() const;
+  Store& store();
 
   // Rank 0 writes and commits `step`; every other rank returns once it is
   // committed (and its manifest opens), or with rank 0's error, "writer died"
   // (file lock), or DeadlineExceeded.
   Status Save(int64_t step, const State& state);
 
-  // Rank 0: Save. Other ranks: return at once; Poll() / Wait() later.
-  // InvalidArgument with stripe on (use SaveAsync). The options' timeout
-  // counts from this call: past it, Poll and Wait return DeadlineExceeded.
-  // A Ticket uses its Checkpointer: poll or wait on it from the thread that
-  // uses the Checkpointer, and only while the Checkpointer lives.
-  class Ticket {
-   public:
-    int64_t step() const { return step_; }
-    // true once committed, false while pending; an error if the save
-    // failed or the deadline passed.
-    Result<bool> Poll();
-    Status Wait();
-
-   private:
-    friend class Checkpointer;
-    Checkpointer* owner_ = nullptr;
-    int64_t step_ = 0;
-    std::string attempt_;
-    std::chrono::steady_clock::time_point deadline_;
-    Status done_;  // rank 0's result, or set once resolved
-    bool resolved_ = false;
-  };
-  Result<Ticket> SaveNonBlocking(int64_t step, const State& state);
-
   // Rank 0: copies the state's tensors into staging memory that is reused
   // from save to save, and archives its optimizers into memory, then
   // writes and commits on a background thread; returns as soon as the copy
   // is done, so training may change the state at once. The future holds
-  // what Save would have returned. Other ranks: the future resolves when
-  // the step is committed. Where no thread can be started (RLIMIT_NPROC),
-  // the call saves synchronously, with a warning. One save is in flight at
-  // a time: every later call of Save, SaveAsync, SaveNonBlocking or Load
-  // first waits for it and returns its error if it failed (once). The
-  // destructor waits for it: the error of a last save that no later call
-  // reported is on its future only.
+  // what Save would have returned. Other ranks: return at once; the future
+  // resolves when the step is committed (the options' timeout counts from
+  // this call). Where no thread can be started (RLIMIT_NPROC), the call
+  // saves synchronously, with a warning. One save is in flight at a time:
+  // every later call of Save, SaveAsync or Load first waits for it and
+  // returns its error if it failed (once). The destructor waits for it: the
+  // error of a last save that no later call reported is on its future only.
   // Not for use from several threads at once, like every other method.
   std::future<Status> SaveAsync(int64_t step, const State& state);
 
   // Loads into `state` on every rank: the step rank 0 chose (the newest
-  // that verifies, falling back loudly), or options.step. nullopt when the
-  // store holds no checkpoint yet (a fresh start); an error, the same on
-  // every rank, when checkpoints exist but none verifies.
-  Result<std::optional<LoadResult>> Load(State& state, const LoadOptions& options = {});
+  // that verifies, falling back loudly), or options.step. A LoadResult
+  // without a step when the store holds no checkpoint yet (a fresh start);
+  // an error, the same on every rank, when checkpoints exist but none
+  // verifies, or the store cannot be read.
+  Result<LoadResult> Load(State& state, const LoadOptions& options = {});
+
+  struct Impl;  // src/torch/checkpointer_impl.h
 
  private:
-  Checkpointer();
-  Status ConfirmCommitted(int64_t step);
-  // Waits for an in-flight SaveAsync; its error, the first time only.
-  Status FinishAsync();
-  // The next save's attempt (see ckptio/coordination.h): scope_ and the
-  // number of save calls so far, the same on every rank.
-  std::string NextAttempt();
-  // Rank 0, a save that ends before it began: tells the other ranks (its
-  // error as the attempt's outcome), and returns `error`.
-  Status Abandon(int64_t step, const std::string& attempt, Status error);
-  Status SaveNow(int64_t step, const std::string& attempt, const internal::SavePlan& plan);
-  Status SaveStripe(int64_t step, const std::string& attempt, const internal::SavePlan& plan);
-  // What this rank writes of `state`: everything on rank 0 of a plain save,
-  // its part of a striped one, nothing otherwise.
-  internal::SavePlan PlanFor(const State& state) const;
-  Result<std::optional<LoadResult>> Decide(const std::string& name, const LoadOptions& options,
-                                           std::unique_ptr<internal::OpenedStep>* verified);
-  // Rank 0: publishes load decision `name` and remembers it until a striped
-  // save shows that every rank is past it.
-  Status PublishDecision(const std::string& name, const std::string& payload);
-  // Rank 0, once every rank delivered its receipt for `attempt`: deletes
-  // that save's records and the load decisions published before it.
-  void RetractStripeRecords(const std::string& attempt);
-
-  RankInfo rank_;
-  CheckpointerOptions options_;
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<StoreWriter> writer_;  // rank 0 only
-  std::unique_ptr<Coordinator> coordinator_;
-  // Names this Checkpointer's saves and load decisions in the job: a hash
-  // of the job id and how many Checkpointers of the job this rank opened
-  // before on the same store (or c10d store); every rank opens them in the
-  // same order.
-  std::string scope_;
-  uint64_t load_seq_ = 0;
-  uint64_t save_seq_ = 0;
-  std::vector<std::string> decisions_;          // rank 0: published, not yet retracted
-  std::unique_ptr<internal::AsyncSave> async_;  // last: joined first
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
-
-// Coordination through a c10d::Store (WaitMode::kStore).
-Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(c10::intrusive_ptr<c10d::Store> store,
-                                                        const RankInfo& rank);
 
 namespace internal {
 template <typename T, typename = void>
@@ -312,35 +285,6 @@ template <typename Options>
 void UseClassicTcpStore(Options& options) {
   if constexpr (internal::HasUseLibUV<Options>::value) options.useLibUV = false;
 }
-
-// Writes `tensors` as a safetensors object of `pending` and records each in
-// its manifest. `devices` (optional, same order) overrides the recorded
-// saved-from device. Lower level than Checkpointer; used by tests and tools.
-Status WriteSafetensors(PendingCheckpoint& pending, const std::string& object,
-                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                        const std::vector<std::string>& devices = {});
-// The same into one rank's stripe of a striped save.
-Status WriteSafetensors(StripeWriter& stripe, const std::string& object,
-                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                        const std::vector<std::string>& devices = {});
-
-// The object `object` is a part of (itself when it is not a stripe's part).
-std::string StripeBaseObject(const Manifest& manifest, const std::string& object);
-
-// The safetensors dtype of a LibTorch type ("F32"); "" if safetensors has
-// none for it.
-const char* SafetensorsDtypeName(torch::ScalarType type);
-
-// Reads tensor `name` of `object` from a verified checkpoint onto `device`.
-Result<torch::Tensor> ReadTensor(CheckpointReader& reader, const TensorEntry& entry,
-                                 torch::Device device);
-
-// Tensor `entry` of a verified object view (CheckpointReader::View) on
-// `device`. On the CPU the tensor shares the view's memory (copy-on-write
-// for a memory map: writing to the tensor never changes the checkpoint) and
-// keeps the view alive; elsewhere it is a copy.
-Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
-                                     const TensorEntry& entry, torch::Device device);
 
 // One-line adoption, mirroring torch::save / torch::load: save commits the
 // next step of the store at `uri` (single process), load reads the newest

@@ -1,17 +1,18 @@
-// The Checkpointer's saves that return before the commit: SaveAsync (the
-// state staged into reused memory, written on a background thread) and
-// SaveNonBlocking with its Ticket. The constructor and destructor are here
-// too: the background save is the only thing a Checkpointer must end.
+// The Checkpointer's save that returns before the commit: SaveAsync (the
+// state staged into reused memory, written on a background thread). Impl's
+// constructor and destructor are here too: the background save is the only
+// thing a Checkpointer must end.
 #include <algorithm>
 #include <exception>
 #include <future>
-#include <iostream>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "ckptio/log.h"
 #include "ckptio/torch.h"
 #include "copy.h"
+#include "torch/checkpointer_impl.h"
 #include "torch/libtorch_errors.h"
 #include "torch/save_plan.h"
 #include "torch/state_items.h"
@@ -42,13 +43,13 @@ struct internal::AsyncSave {
   uint64_t archive_bytes = 0;
 };
 
-Checkpointer::Checkpointer() : async_(std::make_unique<internal::AsyncSave>()) {}
+Checkpointer::Impl::Impl() : async_(std::make_unique<internal::AsyncSave>()) {}
 
-Checkpointer::~Checkpointer() {
+Checkpointer::Impl::~Impl() {
   if (async_->worker.joinable()) async_->worker.join();
 }
 
-Status Checkpointer::FinishAsync() {
+Status Checkpointer::Impl::FinishAsync() {
   if (async_->worker.joinable()) async_->worker.join();
   if (!async_->unreported) return OkStatus();
   async_->unreported = false;
@@ -56,7 +57,7 @@ Status Checkpointer::FinishAsync() {
                                     std::to_string(async_->step) + " failed");
 }
 
-std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
+std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
   // Shared with the worker thread, and kept here should it fail to start.
   auto promise = std::make_shared<std::promise<Status>>();
@@ -93,10 +94,11 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
     // Too large to stage (`what` says how much): the call saves synchronously.
     auto save_now = [&](const std::string& what) {
       if (!as.warned)
-        std::cerr << "ckptio: warning: SaveAsync of step " << step << " needs " << what
-                  << ", over max_staging_bytes (" << options_.max_staging_bytes
-                  << "): saving synchronously; raise CheckpointerOptions::max_staging_bytes to "
-                     "save in the background\n";
+        Log(LogLevel::kWarning,
+            "SaveAsync of step " + std::to_string(step) + " needs " + what +
+                ", over max_staging_bytes (" + std::to_string(options_.max_staging_bytes) +
+                "): saving synchronously; raise CheckpointerOptions::max_staging_bytes to save "
+                "in the background");
       as.warned = true;
       return done_now(SaveNow(step, attempt, plan));
     };
@@ -183,62 +185,12 @@ std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
       promise->set_value(std::move(s));
     });
   } catch (const std::exception& e) {  // std::system_error (RLIMIT_NPROC), std::bad_alloc
-    std::cerr << "ckptio: warning: SaveAsync of step " << step << " could not start its thread ("
-              << e.what() << "): saving synchronously\n";
+    Log(LogLevel::kWarning, "SaveAsync of step " + std::to_string(step) +
+                                " could not start its thread (" + e.what() +
+                                "): saving synchronously");
     return done_now(SaveNow(step, attempt, *staged));
   }
   return future;
-}
-
-Result<bool> Checkpointer::Ticket::Poll() {
-  if (!resolved_) {
-    auto r = owner_->coordinator_->PollSaved(step_, attempt_);
-    const bool before_deadline = std::chrono::steady_clock::now() < deadline_;
-    if (!r.ok() && owner_->coordinator_->Transient(r.status()) && before_deadline) return false;
-    if (r.ok() && !*r) {
-      if (before_deadline) return false;
-      r = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
-    }
-    resolved_ = true;
-    done_ = r.ok() ? owner_->ConfirmCommitted(step_) : r.status();
-  }
-  if (!done_.ok()) return done_;
-  return true;
-}
-
-Status Checkpointer::Ticket::Wait() {
-  if (!resolved_) {
-    const auto left = std::max(std::chrono::milliseconds(1),
-                               std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   deadline_ - std::chrono::steady_clock::now()));
-    Status s = owner_->coordinator_->WaitSaved(step_, attempt_, left);
-    if (s.code() == Code::kDeadlineExceeded)
-      s = owner_->coordinator_->SaveTimedOut(step_, owner_->options_.timeout);
-    if (s.ok()) s = owner_->ConfirmCommitted(step_);
-    resolved_ = true;
-    done_ = s;
-  }
-  return done_;
-}
-
-Result<Checkpointer::Ticket> Checkpointer::SaveNonBlocking(int64_t step, const State& state) {
-  const std::string attempt = NextAttempt();  // first: every rank counts every call
-  Status previous = Ready(FinishAsync(), state, /*saving=*/true);
-  if (!previous.ok()) return Abandon(step, attempt, previous);
-  if (options_.stripe && rank_.world_size > 1)
-    return Status(Code::kInvalidArgument,
-                  "SaveNonBlocking does not stripe (every rank writes its part of a striped "
-                  "save); use SaveAsync, whose future resolves at the commit");
-  Ticket t;
-  t.owner_ = this;
-  t.step_ = step;
-  t.attempt_ = attempt;
-  t.deadline_ = DeadlineAfter(options_.timeout);
-  if (rank_.rank == 0) {
-    t.done_ = SaveNow(step, attempt, PlanFor(state));
-    t.resolved_ = true;
-  }
-  return t;
 }
 
 }  // namespace ckptio

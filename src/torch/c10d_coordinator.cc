@@ -1,5 +1,6 @@
 // Coordination through a c10d::Store (the trainer's TCPStore).
 #include "ckptio/torch.h"
+#include "torch/c10d_store.h"
 
 namespace ckptio {
 
@@ -137,6 +138,13 @@ Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(c10::intrusive_ptr<c10d:
   if (!store) return Status(Code::kInvalidArgument, "no c10d store given");
   CKPTIO_RETURN_IF_ERROR(rank.Validate());
   return std::unique_ptr<Coordinator>(std::make_unique<C10dCoordinator>(std::move(store), rank));
+}
+
+WaitOn WaitOn::Manifest() { return WaitOn(WaitMode::kManifest, nullptr); }
+WaitOn WaitOn::FileLock() { return WaitOn(WaitMode::kFileLock, nullptr); }
+WaitOn WaitOn::C10dStore(c10::intrusive_ptr<c10d::Store> store) {
+  return WaitOn(WaitMode::kStore, std::make_shared<const internal::C10dStoreHandle>(
+                                      internal::C10dStoreHandle{std::move(store)}));
 }
 
 }  // namespace ckptio

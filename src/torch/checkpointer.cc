@@ -1,12 +1,12 @@
 // Checkpointer: rank-0 saves, waiting ranks, agreed loads. This file glues
-// the pieces: Open, Save (plain), the load decision and Load. The rest of
-// the class: striped_save.cc (SaveStripe), async_save.cc (SaveAsync,
-// SaveNonBlocking, the constructor and destructor); what it works with:
+// the pieces: Open, the public methods (forwarding to Checkpointer::Impl,
+// checkpointer_impl.h), Save (plain), the load decision and Load. The rest of
+// Impl: striped_save.cc (SaveStripe), async_save.cc (SaveAsync, the
+// constructor and destructor); what it works with:
 // save_plan.h (what a save writes), load_stage.h and load_apply.h (what a
 // load puts into the caller's state), one_liners.cc (ckptio::save / load).
 #include <algorithm>
 #include <chrono>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,7 +14,10 @@
 
 #include "ckptio/backends.h"
 #include "ckptio/hash.h"
+#include "ckptio/log.h"
 #include "ckptio/torch.h"
+#include "torch/c10d_store.h"
+#include "torch/checkpointer_impl.h"
 #include "torch/libtorch_errors.h"
 #include "torch/load_apply.h"
 #include "torch/load_stage.h"
@@ -68,10 +71,10 @@ Result<std::string> OpenScope(const RankInfo& rank, const CheckpointerOptions& o
     return scope;
   };
   if (rank.world_size == 1) return opened(job + ".c0");
-  if (options.wait == WaitMode::kStore) {
+  if (options.wait.mode() == WaitMode::kStore) {
     try {
-      const int64_t n =
-          options.c10d_store->add("ckptio/opened/" + job + "/" + std::to_string(rank.rank), 1);
+      const int64_t n = options.wait.c10d_store()->store->add(
+          "ckptio/opened/" + job + "/" + std::to_string(rank.rank), 1);
       return opened(job + ".c" + std::to_string(n));
     } catch (const std::exception& e) {
       const std::string text = e.what();  // (LibTorch appends a stack trace)
@@ -108,7 +111,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
     return Status(Code::kInvalidArgument,
                   "CheckpointerOptions::timeout is " + std::to_string(options.timeout.count()) +
                       " ms; it bounds every wait, so it must be at least 1 ms");
-  std::unique_ptr<Checkpointer> c(new Checkpointer());
+  auto c = std::make_unique<Impl>();
   c->rank_ = rank;
   c->options_ = std::move(options);
   std::shared_ptr<StorageBackend> shared = c->options_.backend;
@@ -117,14 +120,15 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
     shared = std::move(backend);
   }
   c->store_ = std::make_unique<Store>(shared);
-  if (c->options_.wait == WaitMode::kStore) {
-    if (!c->options_.c10d_store)
+  const WaitOn& wait = c->options_.wait;
+  if (wait.mode() == WaitMode::kStore) {
+    if (!wait.c10d_store()->store)
       return Status(Code::kInvalidArgument,
-                    "wait mode c10d-store needs CheckpointerOptions::c10d_store (the trainer's "
-                    "TCPStore)");
-    CKPTIO_ASSIGN_OR_RETURN(c->coordinator_, NewC10dCoordinator(c->options_.c10d_store, rank));
+                    "WaitOn::C10dStore was given no store: pass the trainer's c10d store "
+                    "(its TCPStore)");
+    CKPTIO_ASSIGN_OR_RETURN(c->coordinator_, NewC10dCoordinator(wait.c10d_store()->store, rank));
   } else {
-    CKPTIO_ASSIGN_OR_RETURN(c->coordinator_, NewFileCoordinator(shared, rank, c->options_.wait));
+    CKPTIO_ASSIGN_OR_RETURN(c->coordinator_, NewFileCoordinator(shared, rank, wait.mode()));
   }
   if (rank.rank == 0) {
     WriterOptions wo;
@@ -137,10 +141,22 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(std::string_view uri, c
   }
   // Last: an Open that fails counts on no rank.
   CKPTIO_ASSIGN_OR_RETURN(c->scope_, OpenScope(rank, c->options_, shared->Uri(), *c->coordinator_));
-  return c;
+  return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(c)));
 }
 
-Status Checkpointer::ConfirmCommitted(int64_t step) {
+Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Checkpointer::~Checkpointer() = default;
+const RankInfo& Checkpointer::rank() const { return impl_->rank_; }
+Store& Checkpointer::store() { return *impl_->store_; }
+Status Checkpointer::Save(int64_t step, const State& state) { return impl_->Save(step, state); }
+std::future<Status> Checkpointer::SaveAsync(int64_t step, const State& state) {
+  return impl_->SaveAsync(step, state);
+}
+Result<LoadResult> Checkpointer::Load(State& state, const LoadOptions& options) {
+  return impl_->Load(state, options);
+}
+
+Status Checkpointer::Impl::ConfirmCommitted(int64_t step) {
   // A signal alone is never trusted: the step's manifest must open.
   auto reader = store_->OpenStep(step);
   if (reader.ok()) return OkStatus();
@@ -148,15 +164,15 @@ Status Checkpointer::ConfirmCommitted(int64_t step) {
                                      " committed, but it does not open here");
 }
 
-std::string Checkpointer::NextAttempt() { return scope_ + "." + std::to_string(++save_seq_); }
+std::string Checkpointer::Impl::NextAttempt() { return scope_ + "." + std::to_string(++save_seq_); }
 
-Status Checkpointer::PublishDecision(const std::string& name, const std::string& payload) {
+Status Checkpointer::Impl::PublishDecision(const std::string& name, const std::string& payload) {
   CKPTIO_RETURN_IF_ERROR(coordinator_->Publish(name, payload));
   if (options_.stripe) decisions_.push_back(name);  // only a striped save retracts them
   return OkStatus();
 }
 
-Status Checkpointer::Abandon(int64_t step, const std::string& attempt, Status error) {
+Status Checkpointer::Impl::Abandon(int64_t step, const std::string& attempt, Status error) {
   if (rank_.world_size == 1) return error;
   if (rank_.rank == 0) {
     if (options_.stripe) (void)coordinator_->Publish(StripeGoName(attempt), ErrorPayload(error));
@@ -167,20 +183,20 @@ Status Checkpointer::Abandon(int64_t step, const std::string& attempt, Status er
   return error;
 }
 
-Status Checkpointer::Save(int64_t step, const State& state) {
+Status Checkpointer::Impl::Save(int64_t step, const State& state) {
   const std::string attempt = NextAttempt();  // first: every rank counts every call
   Status previous = Ready(FinishAsync(), state, /*saving=*/true);
   if (!previous.ok()) return Abandon(step, attempt, previous);
   return SaveNow(step, attempt, PlanFor(state));
 }
 
-SavePlan Checkpointer::PlanFor(const State& state) const {
+SavePlan Checkpointer::Impl::PlanFor(const State& state) const {
   if (options_.stripe && rank_.world_size > 1)
     return StripePart(Plan(state), rank_.rank, rank_.world_size);
   return rank_.rank == 0 ? Plan(state) : SavePlan();
 }
 
-Status Checkpointer::SaveNow(int64_t step, const std::string& attempt, const SavePlan& plan) {
+Status Checkpointer::Impl::SaveNow(int64_t step, const std::string& attempt, const SavePlan& plan) {
   if (options_.stripe && rank_.world_size > 1) return SaveStripe(step, attempt, plan);
   const std::string what = rank_.ToString() + ": save of step " + std::to_string(step);
   if (rank_.rank != 0) {
@@ -201,7 +217,7 @@ Status Checkpointer::SaveNow(int64_t step, const std::string& attempt, const Sav
     auto info = pending->Commit();
     if (!info.ok()) return info.status();
     if (!info->retention.ok())
-      std::cerr << "ckptio: warning: " << info->retention << "\n";  // the save stands
+      Log(LogLevel::kWarning, info->retention.ToString());  // the save stands
     return OkStatus();
   }();
   Status published = coordinate ? coordinator_->EndSave(step, attempt, outcome) : OkStatus();
@@ -219,9 +235,8 @@ std::string DecisionText(const json& decision) {
 // Rank 0 picks the step (newest that verifies, or the one asked for) and
 // publishes it; every rank gets the same answer, errors included. Rank 0
 // keeps the step it verified in *verified, so the load reads it only once.
-Result<std::optional<LoadResult>> Checkpointer::Decide(const std::string& name,
-                                                       const LoadOptions& options,
-                                                       std::unique_ptr<OpenedStep>* verified) {
+Result<LoadResult> Checkpointer::Impl::Decide(const std::string& name, const LoadOptions& options,
+                                              std::unique_ptr<OpenedStep>* verified) {
   json decision;
   if (rank_.rank == 0) {
     decision = [&]() -> json {
@@ -265,21 +280,26 @@ Result<std::optional<LoadResult>> Checkpointer::Decide(const std::string& name,
       return Status(Code::kDataLoss, "rank 0's load decision is not valid JSON");
   }
   try {
-    if (decision.contains("none")) return std::optional<LoadResult>();
-    if (decision.contains("code"))
-      return Status(static_cast<Code>(decision["code"].get<int>()),
-                    decision["message"].get<std::string>());
+    if (decision.contains("none")) return LoadResult();
+    if (decision.contains("code")) {
+      // Rank 0's error, range-checked like every Status that travels.
+      std::optional<Code> code = CodeFromNumber(decision["code"].get<int64_t>());
+      if (!code || *code == Code::kOk)
+        return Status(Code::kDataLoss, "rank 0's load decision holds no error code");
+      Status failed(*code, decision["message"].get<std::string>());
+      return rank_.rank == 0 ? failed : failed.FromPeer();
+    }
     LoadResult r;
     r.step = decision["step"].get<int64_t>();
     for (const auto& s : decision["skipped"])
       r.skipped.emplace_back(s[0].get<int64_t>(), s[1].get<std::string>());
-    return std::optional<LoadResult>(r);
+    return r;
   } catch (const json::exception& e) {
     return Status(Code::kDataLoss, std::string("rank 0's load decision is malformed: ") + e.what());
   }
 }
 
-Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOptions& options) {
+Result<LoadResult> Checkpointer::Impl::Load(State& state, const LoadOptions& options) {
   const std::string what = rank_.ToString() + ": load";
   // Named first: every rank counts every call, whatever happens next.
   const std::string decision = scope_ + "-load-" + std::to_string(++load_seq_);
@@ -293,25 +313,26 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
   std::unique_ptr<OpenedStep> opened;
   auto decided = Decide(decision, options, &opened);
   if (!decided.ok()) return decided.status().WithContext(what);
-  if (!decided->has_value()) return decided;
-  const LoadResult& r = **decided;
-  for (const auto& [step, why] : r.skipped)
-    std::cerr << "ckptio: WARNING: " << rank_.ToString() << ": step " << step
-              << " failed verification and is skipped; loading step " << r.step << " instead ("
-              << why << ")\n";
+  if (!decided->step) return decided;  // a fresh start
+  const LoadResult& r = *decided;
+  const int64_t step = *r.step;
+  for (const auto& [skipped, why] : r.skipped)
+    Log(LogLevel::kWarning, rank_.ToString() + ": step " + std::to_string(skipped) +
+                                " failed verification and is skipped; loading step " +
+                                std::to_string(step) + " instead (" + why + ")");
   // Not rank 0 (which holds the step open): the step rank 0 chose and
   // verified can be gone before this rank reads it, and this rank may not
   // pick another.
   auto gone = [&]() {
     return Status(Code::kNotFound,
-                  what + ": step " + std::to_string(r.step) + " of " + store_->uri() +
+                  what + ": step " + std::to_string(step) + " of " + store_->uri() +
                       ", which rank 0 chose and verified, was removed before this rank read "
                       "it: rank 0 went on to a save whose retention (keep_last) or a gc "
                       "retired it. Have a collective (a barrier, or a training step) between "
                       "the load and the next save on every rank, or raise keep_last");
   };
   if (!opened) {
-    auto reader = store_->OpenStep(r.step);
+    auto reader = store_->OpenStep(step);
     if (!reader.ok())
       return reader.status().code() == Code::kNotFound ? gone() : reader.status().WithContext(what);
     opened = std::make_unique<OpenedStep>();
@@ -323,11 +344,11 @@ Result<std::optional<LoadResult>> Checkpointer::Load(State& state, const LoadOpt
     return OkStatus();
   });
   if (!s.ok() && s.code() == Code::kNotFound && rank_.rank != 0 &&
-      store_->OpenStep(r.step).status().code() == Code::kNotFound)
+      store_->OpenStep(step).status().code() == Code::kNotFound)
     return gone();
-  if (!s.ok()) return s.WithContext(what + " of step " + std::to_string(r.step));
+  if (!s.ok()) return s.WithContext(what + " of step " + std::to_string(step));
   CKPTIO_RETURN_IF_ERROR(
-      Apply(staged, state).WithContext(what + " of step " + std::to_string(r.step)));
+      Apply(staged, state).WithContext(what + " of step " + std::to_string(step)));
   return decided;
 }
 

@@ -8,6 +8,7 @@
 #include "torch/load_apply.h"
 #include "torch/pinned_copy.h"
 #include "torch/state_items.h"
+#include "torch/tensors.h"
 
 namespace ckptio::internal {
 
@@ -83,11 +84,12 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
         internal::ReservePinned();
         torch::cuda::synchronize(device.index());
       } catch (const c10::Error& err) {
-        return Status(Code::kFailedPrecondition,
-                      where + ": preparing the copy of tensor \"" + name + "\" to " + device.str() +
-                          ": " + err.what_without_backtrace() +
-                          " (pinned host memory: free memory or raise ulimit -l; or load with "
-                          "map_location \"cpu\")");
+        return internal::TorchErrorToStatus(
+            err,
+            where + ": preparing the copy of tensor \"" + name + "\" to " + device.str() +
+                " (pinned host memory: free memory or raise ulimit -l; or load with "
+                "map_location \"cpu\")",
+            Code::kFailedPrecondition);
       }
     }
     out->push_back({t, into_gpu});

@@ -2,9 +2,9 @@
 // the next step of a single-process store, ckptio::load reads the newest
 // step that verifies.
 #include <algorithm>
-#include <iostream>
 
 #include "ckptio/backends.h"
+#include "ckptio/log.h"
 #include "ckptio/torch.h"
 #include "torch/libtorch_errors.h"
 #include "torch/load_apply.h"
@@ -63,8 +63,9 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
     auto opened = OpenVerified(*store, *it);
     if (opened.status().code() == Code::kDataLoss) {
-      std::cerr << "ckptio: WARNING: step " << *it << " failed verification and is skipped ("
-                << opened.status().message() << ")\n";
+      Log(LogLevel::kWarning, "step " + std::to_string(*it) +
+                                  " failed verification and is skipped (" +
+                                  opened.status().message() + ")");
       last = opened.status();
       continue;
     }

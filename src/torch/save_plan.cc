@@ -6,6 +6,7 @@
 
 #include "torch/libtorch_errors.h"
 #include "torch/state_items.h"
+#include "torch/tensors.h"
 
 namespace ckptio::internal {
 
@@ -43,17 +44,6 @@ SavePlan Plan(const State& state) {
   for (const auto& [key, value] : state.metadata) plan.metadata[kUserPrefix + key] = value;
   return plan;
 }
-
-namespace {
-std::string PartObject(const std::string& object, int rank) {
-  const std::string suffix = ".safetensors";
-  std::string stem = object.size() > suffix.size() && object.compare(object.size() - suffix.size(),
-                                                                     suffix.size(), suffix) == 0
-                         ? object.substr(0, object.size() - suffix.size())
-                         : object;
-  return stem + ".part-" + std::to_string(rank) + suffix;
-}
-}  // namespace
 
 SavePlan StripePart(const SavePlan& full, int rank, int world) {
   struct Unit {
@@ -95,7 +85,7 @@ SavePlan StripePart(const SavePlan& full, int rank, int world) {
       auto& p = per_rank[static_cast<size_t>(r)];
       if (r != 0 && p.tensors.empty()) continue;
       p.item = to.item;
-      p.object = r == 0 ? to.object : PartObject(to.object, r);
+      p.object = r == 0 ? to.object : StripePartName(to.object, r);
       if (rank == 0 && r != 0) {
         part.metadata[kStripePartPrefix + p.object] = to.object;
         part.stripes.insert(p.object);

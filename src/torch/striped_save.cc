@@ -6,15 +6,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <iostream>
 #include <map>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "ckptio/log.h"
 #include "ckptio/torch.h"
+#include "torch/checkpointer_impl.h"
 #include "torch/libtorch_errors.h"
 #include "torch/save_plan.h"
+#include "torch/tensors.h"
 
 namespace ckptio {
 
@@ -25,17 +27,18 @@ std::string StripeReceiptName(const std::string& attempt, int r) {
   return "stripe-" + attempt + "-" + std::to_string(r);
 }
 
-std::string ErrorPayload(const Status& s) {
-  return "error:" + std::to_string(static_cast<int>(s.code())) + ":" + s.message();
-}
+constexpr std::string_view kErrorPrefix = "error:";
+
+std::string ErrorPayload(const Status& s) { return std::string(kErrorPrefix) + EncodeStatus(s); }
+
 std::optional<Status> PayloadError(const std::string& payload) {
-  if (payload.rfind("error:", 0) != 0) return std::nullopt;
-  size_t colon = payload.find(':', 6);
-  int code = colon == std::string::npos ? 0 : std::atoi(payload.substr(6, colon - 6).c_str());
-  if (code <= 0 || code > static_cast<int>(Code::kInternal))
-    code = static_cast<int>(Code::kInternal);
-  return Status(static_cast<Code>(code),
-                colon == std::string::npos ? payload : payload.substr(colon + 1));
+  if (payload.rfind(kErrorPrefix, 0) != 0) return std::nullopt;
+  std::optional<Status> sent = DecodeStatus(std::string_view(payload).substr(kErrorPrefix.size()));
+  // A damaged failure, or one without an error code, is still a failure.
+  if (!sent || sent->ok())
+    return Status(Code::kInternal, "unreadable failure \"" + payload.substr(0, 200) + "\"")
+        .FromPeer();
+  return sent;
 }
 
 }  // namespace internal
@@ -122,7 +125,7 @@ Result<std::string> WaitForGo(Coordinator& c, int64_t step, const std::string& a
 // returned from each load it began before this save (each rank makes the
 // same calls in the same order). Best effort: a record left behind only
 // takes space.
-void Checkpointer::RetractStripeRecords(const std::string& attempt) {
+void Checkpointer::Impl::RetractStripeRecords(const std::string& attempt) {
   (void)coordinator_->Retract(StripeGoName(attempt));
   for (int r = 1; r < rank_.world_size; ++r)
     (void)coordinator_->Retract(StripeReceiptName(attempt, r));
@@ -140,7 +143,8 @@ void Checkpointer::RetractStripeRecords(const std::string& attempt) {
 //      commits; the other ranks return once the step is committed.
 // The records are named by the save's attempt, so a retry of the same step
 // never reads an earlier attempt's receipts.
-Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const SavePlan& plan) {
+Status Checkpointer::Impl::SaveStripe(int64_t step, const std::string& attempt,
+                                      const SavePlan& plan) {
   const std::string what = rank_.ToString() + ": striped save of step " + std::to_string(step);
   const std::string go = StripeGoName(attempt);
   auto receipt_of = [&](int r) { return StripeReceiptName(attempt, r); };
@@ -232,7 +236,7 @@ Status Checkpointer::SaveStripe(int64_t step, const std::string& attempt, const 
                         ": do all ranks save the same state with stripe on?");
     auto info = (*pending)->Commit();
     if (!info.ok()) return info.status();
-    if (!info->retention.ok()) std::cerr << "ckptio: warning: " << info->retention << "\n";
+    if (!info->retention.ok()) Log(LogLevel::kWarning, info->retention.ToString());
     return OkStatus();
   }();
   Status published = coordinator_->EndSave(step, attempt, outcome);

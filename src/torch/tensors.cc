@@ -1,4 +1,6 @@
 // Tensors <-> safetensors objects, and map_location.
+#include "torch/tensors.h"
+
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <cstring>
@@ -8,6 +10,7 @@
 #include <unordered_set>
 
 #include "ckptio/torch.h"
+#include "torch/libtorch_errors.h"
 #include "torch/pinned_copy.h"
 
 namespace ckptio {
@@ -212,8 +215,8 @@ Result<torch::Tensor> OnDevice(const torch::Tensor& cpu, const TensorEntry& entr
     }
     return cpu.to(device);
   } catch (const c10::Error& e) {
-    return Status(Code::kFailedPrecondition, "moving tensor " + entry.name + " to " + device.str() +
-                                                 ": " + e.what_without_backtrace());
+    return internal::TorchErrorToStatus(e, "moving tensor " + entry.name + " to " + device.str(),
+                                        Code::kFailedPrecondition);
   }
 }
 }  // namespace

@@ -45,8 +45,8 @@ TEST_F(AsyncSaveTest, ReturnsBeforeTheCommitAndSavesTheStateAsItWasAtTheCall) {
   torch::Tensor loose_back;
   State into{{"model", fresh}, {"optim", fresh_adam}, {"loose", loose_back}};
   auto got = ckpt->Load(into);
-  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
-  EXPECT_EQ((*got)->step, 10);
+  ASSERT_TRUE(got.ok() && got->step.has_value()) << got.status();
+  EXPECT_EQ((*got->step), 10);
   EXPECT_TRUE(SameAs(fresh, snap));
   EXPECT_TRUE(torch::equal(loose_back, loose_then));
   EXPECT_EQ(into.GetInt("epoch"), 4);
@@ -215,7 +215,8 @@ TEST_F(AsyncSaveTest, OptimizerArchivesCountTowardTheStagingLimit) {
     for (size_t i = 0; i < fresh_opts.size(); ++i)
       into.items.emplace_back("optim" + std::to_string(i), *fresh_opts[i]);
     auto got = (*ckpt)->Load(into);
-    ASSERT_TRUE(got.ok() && got->has_value()) << (got.ok() ? "nothing" : got.status().ToString());
+    ASSERT_TRUE(got.ok() && got->step.has_value())
+        << (got.ok() ? "nothing" : got.status().ToString());
     train(net, opts, 8);
     train(fresh, fresh_opts, 8);
     EXPECT_TRUE(torch::equal(net.fc1->weight, fresh.fc1->weight)) << "fc1's Adam state differs";
@@ -297,35 +298,28 @@ TEST_F(AsyncSaveTest, OtherRanksFutureResolvesAtTheCommit) {
   CKPTIO_EXPECT_OK(waiting.get());
 }
 
-// Every wait has a deadline, a non-blocking save's ticket too: with rank 0
-// never saving, Poll turns from false to DeadlineExceeded once the timeout
-// since SaveNonBlocking passed, naming the step, the mode and rank 0.
-TEST_F(AsyncSaveTest, ANonBlockingTicketEndsAtTheDeadline) {
+// Every wait has a deadline, a waiting rank's SaveAsync too: with rank 0
+// never saving, its future stays pending, then resolves DeadlineExceeded once
+// the timeout since the call has passed (not later), naming the step, the
+// mode and rank 0.
+TEST_F(AsyncSaveTest, AWaitingRanksAsyncSaveEndsAtTheDeadline) {
   CheckpointerOptions o;
   o.timeout = 1000ms;
-  auto c1 = RankOfTwo(1, "ticket-deadline-test", dir_.Sub("store"), o);
+  auto c1 = RankOfTwo(1, "async-deadline-test", dir_.Sub("store"), o);
   ASSERT_TRUE(c1);
   Net net;
   State state{{"model", net}};
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto ticket, c1->SaveNonBlocking(7, state));
-  auto first = ticket.Poll();
-  ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_FALSE(*first) << "committed without rank 0";
-  std::this_thread::sleep_for(1200ms);
-  auto late = ticket.Poll();
-  ASSERT_FALSE(late.ok()) << "Poll still pending after the deadline";
-  EXPECT_EQ(late.status().code(), Code::kDeadlineExceeded) << late.status();
-  for (const char* word : {"step 7", "manifest", "rank 0"})
-    EXPECT_NE(late.status().message().find(word), std::string::npos) << late.status();
-  EXPECT_EQ(ticket.Wait().code(), Code::kDeadlineExceeded);
-
-  // Wait on a fresh ticket gives up at the ticket's deadline (1 s after it
-  // was made), not a new timeout from the Wait (1.9 s after).
   const auto t0 = std::chrono::steady_clock::now();
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, c1->SaveNonBlocking(8, state));
-  std::this_thread::sleep_for(900ms);
-  EXPECT_EQ(other.Wait().code(), Code::kDeadlineExceeded);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1850ms) << "waited a whole new timeout";
+  auto waiting = c1->SaveAsync(7, state);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms) << "a waiting rank's SaveAsync blocked";
+  EXPECT_FALSE(Ready(waiting)) << "committed without rank 0";
+  Status late = waiting.get();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(late.code(), Code::kDeadlineExceeded) << late;
+  for (const char* word : {"step 7", "manifest", "rank 0"})
+    EXPECT_NE(late.message().find(word), std::string::npos) << late;
+  EXPECT_GE(took, 1000ms) << "gave up before the deadline";
+  EXPECT_LT(took, 1850ms) << "waited past the deadline";
 }
 
 // Two Checkpointers of one job on one store, one after the other: the
@@ -352,7 +346,7 @@ TEST_F(AsyncSaveTest, ASecondCheckpointerOfTheJobNeverReadsTheFirstsDecisions) {
     State into{{"model", back}};
     auto got = c.Load(into);
     if (!got.ok()) return got.status();
-    return *got && (*got)->step == 20 ? OkStatus() : Status(Code::kInternal, "loaded another step");
+    return got->step == 20 ? OkStatus() : Status(Code::kInternal, "loaded another step");
   };
   both(*first.first, *first.second, save(10));
   both(*first.first, *first.second, [&](Checkpointer& c) -> Status {

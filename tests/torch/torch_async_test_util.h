@@ -1,5 +1,5 @@
-// What the files of torch_async_test share: Checkpointer::SaveAsync and
-// SaveNonBlocking over a POSIX backend whose object writes wait at a gate
+// What the files of torch_async_test share: Checkpointer::SaveAsync over a
+// POSIX backend whose object writes wait at a gate
 // (GateBackend), a small network to save, and ranks of a job as
 // Checkpointers of this one process.
 //

@@ -98,7 +98,7 @@ TEST(TorchCorruption, EveryDamageIsDetectedAndLoadFallsBack) {
     ::testing::internal::CaptureStderr();
     auto got = (*ckpt)->Load(into);
     ::testing::internal::GetCapturedStderr();
-    bool ok = got.ok() && got->has_value() && (*got)->step == want_step;
+    bool ok = got.ok() && got->step.has_value() && (*got->step) == want_step;
     if (ok) {
       auto params = fresh->parameters();
       for (size_t j = 0; j < params.size(); ++j) ok = ok && torch::equal(params[j], want[j]);

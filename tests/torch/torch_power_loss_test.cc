@@ -142,12 +142,12 @@ TEST(TorchPowerLoss, LoadRestoresExactlyTheOldOrTheNewStep) {
       auto ckpt = Checkpointer::Open(root, RankInfo{});
       ASSERT_TRUE(ckpt.ok()) << ckpt.status();
       auto loaded = (*ckpt)->Load(fresh.state);
-      ASSERT_TRUE(loaded.ok() && loaded->has_value()) << loaded.status();
-      const int64_t step = (*loaded)->step;
+      ASSERT_TRUE(loaded.ok() && loaded->step.has_value()) << loaded.status();
+      const int64_t step = (*loaded->step);
       ASSERT_TRUE(step == 1 || step == 2) << step;
       EXPECT_EQ(fresh.Diff(want[step]), "") << "step " << step << " did not load bit-exactly";
-      EXPECT_TRUE((*loaded)->skipped.empty())
-          << "a torn step was committed: " << (*loaded)->skipped.front().second;
+      EXPECT_TRUE(loaded->skipped.empty())
+          << "a torn step was committed: " << loaded->skipped.front().second;
       if (saved) {
         EXPECT_EQ(step, 2) << "a save that returned OK was lost";
       }

@@ -450,8 +450,8 @@ void RunRandomKillTrial(Launch launch, const Launch& relaunch_template, int tria
     into.items.emplace_back("big", big);
     auto got = (*ckpt)->Load(into);
     if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
-    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
-    me.Say(FormatLoaded(**got, fresh.hash()) + " " + TensorHash(big));
+    if (!got->step.has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(*got, fresh.hash()) + " " + TensorHash(big));
     return kExitOk;
   });
   ASSERT_TRUE(ranks2.started());

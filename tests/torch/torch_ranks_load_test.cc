@@ -14,13 +14,13 @@
 namespace ckptio::torch_ranks_testing {
 namespace {
 
-// ---------------------------------------------------------------- d. non-blocking
+// ---------------------------------------------------------------- d. waiting ranks save async
 
-// The waiting ranks' SaveNonBlocking returns while rank 0 has not begun to
-// save (it saves only once every waiter's ticket returned, and was polled
-// false); Poll() is never true before rank 0 began; Wait() is OK once
+// The waiting ranks' SaveAsync returns while rank 0 has not begun to save
+// (it saves only once every waiter's call returned, and its future was seen
+// pending); the future is never ready before rank 0 began; it holds OK once
 // committed, and the step is then theirs bit-for-bit.
-TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
+TEST_P(TorchRanksTest, WaitingRanksSaveAsyncReturnsAtOnceAndResolvesAtTheCommit) {
   constexpr int64_t kStep = 1;
   const Launch launch = NewLaunch();
   Ranks ranks(launch, [&](RankEnv& me) -> int {
@@ -36,34 +36,26 @@ TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
       if (me.Hear(milliseconds(30000)) != std::optional<std::string>("save"))
         return Fail(0, kExitPipe, "no save");
       me.Say("saving " + std::to_string(NowNs()));
-      auto ticket = (*ckpt)->SaveNonBlocking(kStep, state);
-      if (!ticket.ok()) return Fail(0, kExitSaveFailed, ticket.status().ToString());
-      auto polled = ticket->Poll();
-      if (!polled.ok() || !*polled)
-        return Fail(0, kExitPoll, "rank 0's ticket is not done after its save");
-      Status s = ticket->Wait();
+      Status s = (*ckpt)->SaveAsync(kStep, state).get();
       if (!s.ok()) return Fail(0, kExitSaveFailed, s.ToString());
       return kExitOk;
     }
+    auto ready = [](const std::future<Status>& f) {
+      return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    };
     const int64_t t0 = NowNs();
-    auto ticket = (*ckpt)->SaveNonBlocking(kStep, state);
+    std::future<Status> saved = (*ckpt)->SaveAsync(kStep, state);
     const int64_t t1 = NowNs();
-    if (!ticket.ok()) return Fail(me.rank, kExitSaveFailed, ticket.status().ToString());
-    if (ticket->step() != kStep) return Fail(me.rank, kExitPoll, "the ticket names another step");
-    auto first = ticket->Poll();
-    if (!first.ok()) return Fail(me.rank, kExitPoll, first.status().ToString());
-    me.Say("returned " + std::to_string((t1 - t0) / 1000) + " " + std::to_string(*first));
+    const bool first = ready(saved);
+    me.Say("returned " + std::to_string((t1 - t0) / 1000) + " " + std::to_string(first));
     std::this_thread::sleep_for(milliseconds(100));
-    auto second = ticket->Poll();
+    const bool second = ready(saved);
     const int64_t t_second = NowNs();
-    if (!second.ok()) return Fail(me.rank, kExitPoll, second.status().ToString());
-    Status s = ticket->Wait();
+    Status s = saved.get();
     const int64_t t_wait = NowNs();
-    me.Say("polled " + std::to_string(*second) + " " + std::to_string(t_second));
+    me.Say("polled " + std::to_string(second) + " " + std::to_string(t_second));
     me.Say(FormatReport(s, t_wait));
     if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
-    auto after = ticket->Poll();
-    if (!after.ok() || !*after) return Fail(me.rank, kExitPoll, "Poll() not true after Wait() OK");
     s = CheckStepIsMine(launch.path, kStep, *t.model);
     if (!s.ok()) return Fail(me.rank, kExitBadStep, "after Wait: " + s.ToString());
     return kExitOk;
@@ -73,16 +65,16 @@ TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
     ASSERT_TRUE(ranks.Await(r, "ready", milliseconds(20000)).has_value())
         << "rank " << r << " exit " << ranks.child(r).ExitCode(milliseconds(2000));
   for (int r = 0; r < kWorld; ++r) ranks.Tell(r, "go");
-  // Rank 0 waits for "save": a waiter whose SaveNonBlocking blocked until
-  // rank 0's save would never say "returned".
+  // Rank 0 waits for "save": a waiter whose SaveAsync blocked until rank 0's
+  // save would never say "returned".
   int64_t max_return_us = 0;
   for (int r = 1; r < kWorld; ++r) {
     auto p = ranks.Await(r, "returned", milliseconds(20000));
     ASSERT_TRUE(p.has_value() && p->size() == 2u)
-        << "rank " << r << "'s SaveNonBlocking did not return before rank 0 saved; exit "
+        << "rank " << r << "'s SaveAsync did not return before rank 0 saved; exit "
         << ranks.child(r).ExitCode(milliseconds(2000));
     max_return_us = std::max<int64_t>(max_return_us, std::stoll((*p)[0]));
-    EXPECT_EQ((*p)[1], "0") << "rank " << r << ": Poll() true before rank 0 began to save";
+    EXPECT_EQ((*p)[1], "0") << "rank " << r << ": future ready before rank 0 began to save";
   }
   ranks.Tell(0, "save");
   auto saving = ranks.Await(0, "saving", milliseconds(10000));
@@ -93,18 +85,18 @@ TEST_P(TorchRanksTest, NonBlockingSaveTicketsPollAndWait) {
     auto p = ranks.Await(r, "polled", milliseconds(20000));
     ASSERT_TRUE(p.has_value() && p->size() == 2u) << ranks.child(r).ExitCode(milliseconds(2000));
     if ((*p)[0] == "1") {
-      EXPECT_GE(std::stoll((*p)[1]), save_ns) << "Poll() true before rank 0 saved";
+      EXPECT_GE(std::stoll((*p)[1]), save_ns) << "future ready before rank 0 saved";
     }
     auto rep = ParseReport(ranks.AwaitLine(r, "ret", milliseconds(20000)));
     ASSERT_TRUE(rep.has_value());
     EXPECT_EQ(rep->code, Code::kOk) << rep->message;
-    EXPECT_GE(rep->t_ns, save_ns) << "Wait() returned before rank 0 began to save";
+    EXPECT_GE(rep->t_ns, save_ns) << "the future resolved before rank 0 began to save";
   }
   EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
   if (HasFailure()) return;
   std::printf(
-      "torch-ranks: %s: SaveNonBlocking returned in <= %lld us on %d waiters, before rank 0 began "
-      "to save; Poll() false until then; Wait() OK after the commit, step verified bit-for-bit\n",
+      "torch-ranks: %s: SaveAsync returned in <= %lld us on %d waiters, before rank 0 began "
+      "to save; the future pending until then, OK after the commit, step verified bit-for-bit\n",
       mode_name().c_str(), static_cast<long long>(max_return_us), kWorld - 1);
 }
 
@@ -138,8 +130,8 @@ TEST_P(TorchRanksTest, LoadWaitsForASlowRankZerosDecision) {
     auto got = (*ckpt)->Load(into);
     const int64_t t1 = NowNs();
     if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
-    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
-    me.Say(FormatLoaded(**got, fresh.hash()));
+    if (!got->step.has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(*got, fresh.hash()));
     me.Say("took " + std::to_string(t0) + " " + std::to_string(t1));
     return kExitOk;
   });
@@ -224,9 +216,10 @@ TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
     State into = fresh.state();
     me.Say("waiting " + std::to_string(NowNs()));
     auto got = (*ckpt)->Load(into);
-    me.Say(FormatReport(
-        got.ok() && !got->has_value() ? Status(Code::kNotFound, "loaded nothing") : got.status(),
-        NowNs()));
+    me.Say(FormatReport(got.ok() && !got->step.has_value()
+                            ? Status(Code::kNotFound, "loaded nothing")
+                            : got.status(),
+                        NowNs()));
     return kExitOk;
   });
   ASSERT_TRUE(ranks.started());

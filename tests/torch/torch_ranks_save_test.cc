@@ -46,8 +46,8 @@ TEST_P(TorchRanksTest, EveryRankSeesOnlyCommittedStepsAndLoadsTheSame) {
     State into = fresh.state();
     auto got = (*ckpt)->Load(into);
     if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
-    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
-    me.Say(FormatLoaded(**got, fresh.hash()));
+    if (!got->step.has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    me.Say(FormatLoaded(*got, fresh.hash()));
     // One more identical step from the loaded state: Adam's moments came back too.
     t.Train(kRounds + 1);
     fresh.Train(kRounds + 1);
@@ -123,12 +123,12 @@ TEST_P(TorchRanksTest, EveryRankFallsBackPastACorruptStepAlike) {
     State into = fresh.state();
     auto got = (*ckpt)->Load(into);
     if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
-    if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
-    for (const auto& [step, why] : (*got)->skipped)
+    if (!got->step.has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+    for (const auto& [step, why] : got->skipped)
       if (why.find("model.safetensors") == std::string::npos)
         return Fail(me.rank, kExitLoadFailed,
                     "the skip reason does not name the corrupt object: " + why);
-    me.Say(FormatLoaded(**got, fresh.hash()));
+    me.Say(FormatLoaded(*got, fresh.hash()));
     return kExitOk;
   });
   ASSERT_TRUE(ranks.started());

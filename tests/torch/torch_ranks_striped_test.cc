@@ -83,9 +83,9 @@ TEST_P(TorchRanksTest, StripedSavesSpreadTheBytesAndLoadBitExact) {
     StripedTrainee fresh(kFreshSeed + static_cast<uint64_t>(me.rank));
     State into = fresh.state();
     auto got = (*ckpt)->Load(into);
-    if (!got.ok() || !got->has_value())
+    if (!got.ok() || !got->step.has_value())
       return Fail(me.rank, kExitLoadFailed, got.ok() ? "nothing" : got.status().ToString());
-    me.Say("loaded " + std::to_string((*got)->step) + " " + fresh.hash());
+    me.Say("loaded " + std::to_string((*got->step)) + " " + fresh.hash());
     t.Train(kRounds + 1);
     fresh.Train(kRounds + 1);
     me.Say("next " + t.hash() + " " + fresh.hash());
@@ -230,9 +230,9 @@ TEST_P(TorchRanksTest, AStripingRankKilledMidSaveFailsTheStepAndARelaunchRecover
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
     State state = t.state();
     auto got = (*ckpt)->Load(state);
-    if (!got.ok() || !got->has_value())
+    if (!got.ok() || !got->step.has_value())
       return Fail(me.rank, kExitLoadFailed, got.ok() ? "nothing" : got.status().ToString());
-    me.Say("loaded " + std::to_string((*got)->step) + " " + t.hash());
+    me.Say("loaded " + std::to_string((*got->step)) + " " + t.hash());
     t.Train(2);
     Status s = (*ckpt)->Save(2, state);
     if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());

@@ -6,6 +6,7 @@
 
 #include "ckptio/backends.h"
 #include "tcp_store_test_util.h"
+#include "torch/tensors.h"
 
 namespace ckptio::torch_ranks_testing {
 
@@ -94,8 +95,9 @@ std::shared_ptr<StorageBackend> OpenBackendForTest(const std::string& path) {
 Result<std::unique_ptr<Checkpointer>> RankEnv::Open(milliseconds timeout, bool stripe,
                                                     std::shared_ptr<StorageBackend> backend) const {
   CheckpointerOptions o;
-  o.wait = launch->mode;
-  o.c10d_store = c10d;
+  o.wait = launch->mode == WaitMode::kStore      ? WaitOn::C10dStore(c10d)
+           : launch->mode == WaitMode::kFileLock ? WaitOn::FileLock()
+                                                 : WaitOn::Manifest();
   o.timeout = timeout;
   o.stripe = stripe;
   o.backend = std::move(backend);
@@ -165,7 +167,7 @@ std::string FormatLoaded(const LoadResult& r, const std::string& params) {
     skipped += (skipped.empty() ? "" : ",") + std::to_string(step);
     reasons += why + "\n";
   }
-  return "loaded " + std::to_string(r.step) + " " + (skipped.empty() ? "-" : skipped) + " " +
+  return "loaded " + std::to_string(r.step.value_or(-1)) + " " + (skipped.empty() ? "-" : skipped) + " " +
          TextHash(reasons) + " " + params;
 }
 
@@ -203,8 +205,8 @@ int LoadAndSay(RankEnv& me) {
   State into = fresh.state();
   auto got = (*ckpt)->Load(into);
   if (!got.ok()) return Fail(me.rank, kExitLoadFailed, got.status().ToString());
-  if (!got->has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
-  me.Say(FormatLoaded(**got, fresh.hash()));
+  if (!got->step.has_value()) return Fail(me.rank, kExitLoadFailed, "Load found nothing");
+  me.Say(FormatLoaded(*got, fresh.hash()));
   return kExitOk;
 }
 

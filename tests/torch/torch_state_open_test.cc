@@ -43,9 +43,9 @@ class FlakyLatest : public testing::ForwardingBackend {
   std::atomic<int> failures{0};
 };
 
-// A non-blocking save's ticket on a waiting rank: a poll that finds the
-// storage not answering for a moment says "not yet", not a failed save.
-TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
+// A waiting rank's save: a poll that finds the storage not answering for a
+// moment says "not yet", not a failed save.
+TEST(TorchStateTest, AWaitingRankPollsPastAStorageThatDoesNotAnswerForAMoment) {
   TempDir dir;
   CheckpointerOptions o;
   o.timeout = std::chrono::seconds(10);
@@ -60,12 +60,8 @@ TEST(TorchStateTest, ATicketPollsPastAStorageThatDoesNotAnswerForAMoment) {
   State s{{"t", t}};
   CKPTIO_ASSERT_OK((*ck0)->Save(1, s));
   flaky->failures = 3;
-  auto ticket = (*ck1)->SaveNonBlocking(1, s);
-  ASSERT_TRUE(ticket.ok()) << ticket.status();
-  Result<bool> polled = false;
-  for (int i = 0; i < 10 && polled.ok() && !*polled; ++i) polled = ticket->Poll();
-  ASSERT_TRUE(polled.ok()) << "one unanswered read failed the ticket: " << polled.status();
-  EXPECT_TRUE(*polled);
+  Status waited = (*ck1)->Save(1, s);
+  EXPECT_TRUE(waited.ok()) << "one unanswered read failed the waiting rank's save: " << waited;
   EXPECT_EQ(flaky->failures, 0);
 }
 
@@ -85,7 +81,7 @@ class NoSaveLock : public testing::ForwardingBackend {
 TEST(TorchStateTest, AFileLockOpenThatCannotTakeTheSaveLockFailsAndCountsNothing) {
   TempDir dir;
   CheckpointerOptions o;
-  o.wait = WaitMode::kFileLock;
+  o.wait = WaitOn::FileLock();
   o.timeout = std::chrono::seconds(5);
   CheckpointerOptions refused = o;
   refused.backend = std::make_shared<NoSaveLock>(
@@ -117,8 +113,7 @@ TEST(TorchStateTest, ATimeoutThatWouldNeverEndIsRefused) {
   for (auto mode : {WaitMode::kManifest, WaitMode::kStore}) {
     for (auto ms : {0, -5}) {
       CheckpointerOptions o;
-      o.wait = mode;
-      o.c10d_store = served;
+      o.wait = mode == WaitMode::kStore ? WaitOn::C10dStore(served) : WaitOn::Manifest();
       o.timeout = std::chrono::milliseconds(ms);
       auto c = Checkpointer::Open(dir.Sub("store"), RankOfTwo(1, "timeout-test"), o);
       ASSERT_FALSE(c.ok()) << "a timeout of " << ms << " ms was accepted";
@@ -138,12 +133,11 @@ TEST(TorchStateTest, C10dScopesAgreeWhenARankMakesANewStoreClient) {
   auto served = tcp(0, true);
   auto first_client = tcp(served->getPort(), false);
   CheckpointerOptions o;
-  o.wait = WaitMode::kStore;
   o.timeout = std::chrono::seconds(5);
   torch::Tensor t = torch::full({4}, 3.0f);
   State s{{"t", t}};
   auto open = [&](int r, c10::intrusive_ptr<c10d::Store> store) {
-    o.c10d_store = std::move(store);
+    o.wait = WaitOn::C10dStore(std::move(store));
     auto c = Checkpointer::Open(dir.Sub("store"), RankOfTwo(r, "c10d-scope-test"), o);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
@@ -154,7 +148,7 @@ TEST(TorchStateTest, C10dScopesAgreeWhenARankMakesANewStoreClient) {
     ASSERT_TRUE(ck0 && ck1);
     for (auto* ck : {ck0.get(), ck1.get()}) {  // an empty store: nothing to load
       auto got = ck->Load(s);
-      ASSERT_TRUE(got.ok() && !got->has_value()) << got.status();
+      ASSERT_TRUE(got.ok() && !got->step.has_value()) << got.status();
     }
     CKPTIO_ASSERT_OK(ck0->Save(10, s));
     CKPTIO_ASSERT_OK(ck1->Save(10, s));
@@ -163,12 +157,12 @@ TEST(TorchStateTest, C10dScopesAgreeWhenARankMakesANewStoreClient) {
   auto ck1 = open(1, tcp(served->getPort(), false));  // a new client object
   ASSERT_TRUE(ck0 && ck1);
   auto got0 = ck0->Load(s);
-  ASSERT_TRUE(got0.ok() && got0->has_value()) << got0.status();
-  EXPECT_EQ((*got0)->step, 10);
+  ASSERT_TRUE(got0.ok() && got0->step.has_value()) << got0.status();
+  EXPECT_EQ((*got0->step), 10);
   auto got1 = ck1->Load(s);
   ASSERT_TRUE(got1.ok()) << got1.status();
-  ASSERT_TRUE(got1->has_value()) << "rank 1 read an earlier Checkpointer's decision";
-  EXPECT_EQ((*got1)->step, 10);
+  ASSERT_TRUE(got1->step.has_value()) << "rank 1 read an earlier Checkpointer's decision";
+  EXPECT_EQ((*got1->step), 10);
 }
 
 // kStore: a rank waiting for rank 0 (here SaveAsync's thread, for the
@@ -192,12 +186,11 @@ TEST(TorchStateTest, AWaitingRankLeavesTheC10dStoreToTheTrainer) {
     }
   };
   CheckpointerOptions o;
-  o.wait = WaitMode::kStore;
   o.timeout = std::chrono::milliseconds(1500);
-  o.c10d_store = served;
+  o.wait = WaitOn::C10dStore(served);
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto ck0,
                               Checkpointer::Open(dir.Sub("store"), RankOfTwo(0, "c10d-free"), o));
-  o.c10d_store = client;
+  o.wait = WaitOn::C10dStore(client);
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto ck1,
                               Checkpointer::Open(dir.Sub("store"), RankOfTwo(1, "c10d-free"), o));
   torch::Tensor t = torch::full({4}, 1.0f);
@@ -263,8 +256,8 @@ TEST(TorchStateTest, ARankWhoseChosenStepWasRetiredSaysWhy) {
   for (int64_t step : {2, 3}) {
     SCOPED_TRACE(step == 2 ? "retired before rank 1 opened it" : "retired while rank 1 read it");
     auto got0 = (*ck0)->Load(s);
-    ASSERT_TRUE(got0.ok() && got0->has_value()) << got0.status();
-    ASSERT_EQ((*got0)->step, step);
+    ASSERT_TRUE(got0.ok() && got0->step.has_value()) << got0.status();
+    ASSERT_EQ((*got0->step), step);
     if (step == 2) {
       CKPTIO_ASSERT_OK((*ck0)->Save(3, s));  // retires step 2
     } else {

@@ -9,6 +9,7 @@
 
 #include "ckptio/posix_backend.h"
 #include "cuda_test_util.h"
+#include "torch/tensors.h"
 #include "torch_state_test_util.h"
 
 namespace ckptio::torch_state_testing {
@@ -49,8 +50,8 @@ TEST(TorchStateTest, EveryDtypeRoundTripsBitExactly) {
     load.items.emplace_back(originals[i].first, loaded[i]);
   auto got = ckpt->Load(load);
   ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_TRUE(got->has_value());
-  EXPECT_EQ((*got)->step, 1);
+  ASSERT_TRUE(got->step.has_value());
+  EXPECT_EQ((*got->step), 1);
   for (size_t i = 0; i < originals.size(); ++i)
     EXPECT_TRUE(BitEqual(loaded[i], originals[i].second)) << originals[i].first;
 }
@@ -379,7 +380,7 @@ TEST(TorchStateTest, AModuleSpreadOverStripePartsLoadsWhole) {
   ASSERT_FALSE(SameAs(net2, snap));
   State into{{"model", net2}};
   auto got = OpenCkpt(dir.Sub("store"))->Load(into);
-  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  ASSERT_TRUE(got.ok() && got->step.has_value()) << got.status();
   EXPECT_TRUE(SameAs(net2, snap));
 }
 
@@ -529,7 +530,7 @@ TEST_F(MapLocationTest, CudaAutoForALocalRankPastTheLastGpu) {
     rank.rank = rank.local_rank = r;
     rank.job_id = "cuda-auto-test";
     CheckpointerOptions opts;
-    opts.wait = WaitMode::kManifest;
+    opts.wait = WaitOn::Manifest();
     auto c = Checkpointer::Open(dir_.Sub("store"), rank, opts);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;

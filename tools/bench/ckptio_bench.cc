@@ -255,8 +255,8 @@ void CkptioLoad(const std::string& store, ckptio::State& state) {
   ckptio::LoadOptions lo;
   lo.map_location = ckptio::MapLocation::To("cpu");
   auto loaded = (*ckpt)->Load(state, lo);
-  if (!loaded.ok() || !loaded->has_value())
-    Die("ckptio load from " + store + ": " + loaded.status().ToString());
+  if (!loaded.ok()) Die("ckptio load from " + store + ": " + loaded.status().ToString());
+  if (!loaded->step) Die("ckptio load from " + store + ": the store is empty");
 }
 
 std::string WithSub(const std::string& uri, const std::string& sub) {

@@ -195,15 +195,16 @@ int main(int argc, char** argv) {
   ckptio::CheckpointerOptions copt;
   copt.keep_last = keep;
   copt.timeout = timeout;
-  copt.wait = wait == "manifest"    ? ckptio::WaitMode::kManifest
-              : wait == "file-lock" ? ckptio::WaitMode::kFileLock
-                                    : ckptio::WaitMode::kStore;
-  if (copt.wait == ckptio::WaitMode::kStore) {
+  if (wait == "manifest") {
+    copt.wait = ckptio::WaitOn::Manifest();
+  } else if (wait == "file-lock") {
+    copt.wait = ckptio::WaitOn::FileLock();
+  } else {
     if (!tcp) {
       std::cerr << "ckptio-ddp-demo: --wait store needs more than one rank\n";
       return 2;
     }
-    copt.c10d_store = tcp;
+    copt.wait = ckptio::WaitOn::C10dStore(tcp);
   }
   for (const auto& rs : rank_stores) {
     const size_t eq = rs.find('=');
@@ -228,16 +229,17 @@ int main(int argc, char** argv) {
   torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   ckptio::State state{{"model", model}, {"optim", sgd}};
 
-  int64_t start = 1;
+  // A store that is damaged or unreachable stops the job: it never restarts
+  // from scratch over checkpoints it could not read.
   auto got = ckpt.Load(state);
   if (!got.ok()) return Fail(rank, "loading the newest checkpoint", got.status());
-  if (got->has_value()) {
-    start = (*got)->step + 1;
-    if (rank.rank == 0)
-      std::cout << "resumed from step " << (*got)->step << " (loaded on every rank, verified)"
+  const int64_t start = got->step ? got->next_step() : 1;  // steps count from 1 here
+  if (rank.rank == 0) {
+    if (got->step)
+      std::cout << "resumed from step " << *got->step << " (loaded on every rank, verified)"
                 << std::endl;
-  } else if (rank.rank == 0) {
-    std::cout << "no checkpoint yet: starting at step 1" << std::endl;
+    else
+      std::cout << "no checkpoint yet: starting at step 1" << std::endl;
   }
 
   for (int64_t step = start; step <= steps; ++step) {

@@ -29,6 +29,7 @@
 #include "common/progress.h"
 #include "common/store_args.h"
 #include "text.h"
+#include "torch/tensors.h"
 
 namespace {
 

@@ -8,12 +8,8 @@
 // there with EIO (as a real error at that point would; the call's own
 // effect is undone where the backend could not see it: a temp file the
 // failed open created is removed); a hook may also kill the process there
-// (the crash tests do).
-//
-//   PosixBackendOptions o;
-//   o.fs = std::make_shared<SyncPointFs>([](PosixSyncPoint p, const std::string& path) {
-//     return p == PosixSyncPoint::kRenamed ? Status(Code::kUnavailable, "injected") : OkStatus();
-//   });
+// (the crash tests do). Use: PosixBackendOptions::fs =
+// std::make_shared<SyncPointFs>(hook), then NewPosixBackend(root, options).
 //
 // How each point is seen from below the backend: a temp file is an OpenAt
 // with O_CREAT of a name that IsTempObjectName; data-written and file-synced
