@@ -72,7 +72,7 @@ HEAD
   echo
   echo "## Ranks: commits, deaths and agreement (real processes)"
   echo
-  echo 'Tests: `tests/coordination_test.cc` (core), `tests/torch/torch_ranks_test.cc`'
+  echo 'Tests: `tests/coordination_*_test.cc` (core), `tests/torch/torch_ranks_*_test.cc`'
   echo '(Checkpointer with 4 ranks, plain and striped saves), `tests/ddp/kill_resume_test.sh`'
   echo '(the DDP demo).'
   echo

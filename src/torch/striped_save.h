@@ -1,7 +1,7 @@
 // The records of a striped save (internal to ckptio_torch): their names, and
 // a rank's failure as it travels in place of a receipt or a go-ahead.
-// Checkpointer::SaveStripe (striped_save.cc) writes and reads them;
-// Checkpointer::Abandon publishes a failure under them too.
+// Checkpointer::Impl::SaveStripe (striped_save.cc) writes and reads them;
+// Checkpointer::Impl::Abandon publishes a failure under them too.
 #ifndef CKPTIO_SRC_TORCH_STRIPED_SAVE_H_
 #define CKPTIO_SRC_TORCH_STRIPED_SAVE_H_
 

@@ -11,6 +11,8 @@
 #include "cuda_test_util.h"
 #include "memory_of_this_thread.h"
 #include "tcp_store_test_util.h"
+#include "torch/libtorch_errors.h"
+#include "torch/striped_save.h"
 #include "torch_state_test_util.h"
 
 namespace ckptio::torch_state_testing {
@@ -102,6 +104,56 @@ TEST(TorchStateTest, AFileLockOpenThatCannotTakeTheSaveLockFailsAndCountsNothing
   CKPTIO_EXPECT_OK((*ck0)->Save(1, s0));
   rank1.join();
   EXPECT_TRUE(saved1.ok()) << "the ranks named different Checkpointers: " << saved1;
+}
+
+// WaitOn::C10dStore without a store is refused at Open, naming what to pass.
+TEST(TorchStateTest, AC10dWaitWithoutAStoreIsRefused) {
+  TempDir dir;
+  CheckpointerOptions o;
+  o.wait = WaitOn::C10dStore(c10::intrusive_ptr<c10d::Store>());
+  EXPECT_EQ(o.wait.mode(), WaitMode::kStore);
+  auto c = Checkpointer::Open(dir.Sub("store"), RankOfTwo(1, "null-store-test"), o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status();
+  EXPECT_NE(c.status().message().find("c10d store"), std::string::npos) << c.status();
+}
+
+// LibTorch's errors keep their meaning as codes: out of memory (a GPU's or
+// the host's) can be retried with less; a shape mismatch cannot.
+TEST(TorchStateTest, LibTorchErrorsMapToTheirCodes) {
+  auto thrown = [](auto&& fn) {
+    return internal::Guard("loading x", [&]() -> Status {
+      fn();
+      return OkStatus();
+    });
+  };
+  Status oom = thrown([] { TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory"); });
+  EXPECT_EQ(oom.code(), Code::kResourceExhausted) << oom;
+  EXPECT_NE(oom.message().find("loading x: CUDA out of memory"), std::string::npos) << oom;
+  Status host = thrown([] { throw std::bad_alloc(); });
+  EXPECT_EQ(host.code(), Code::kResourceExhausted) << host;
+  Status todo = thrown([] { TORCH_CHECK_WITH(NotImplementedError, false, "no kernel"); });
+  EXPECT_EQ(todo.code(), Code::kUnimplemented) << todo;
+  Status shape = thrown([] { TORCH_CHECK(false, "shape '[3]' is invalid for input of size 2"); });
+  EXPECT_EQ(shape.code(), Code::kInvalidArgument) << shape;
+}
+
+// A rank's failure travels in place of a receipt or go-ahead as
+// "error:" + EncodeStatus; a damaged one is still a failure, never OK or an
+// out-of-range code.
+TEST(TorchStateTest, StripeErrorPayloadsRoundTripAndRefuseDamage) {
+  const Status sent(Code::kResourceExhausted, "rank 2: disk full: free space");
+  auto back = internal::PayloadError(internal::ErrorPayload(sent));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->code(), sent.code());
+  EXPECT_EQ(back->message(), sent.message());
+  EXPECT_EQ(back->origin(), Status::Origin::kPeer);
+  EXPECT_FALSE(internal::PayloadError("ok").has_value());
+  for (const char* damaged : {"error:", "error:0:fine", "error:77:x", "error:x:y"}) {
+    auto got = internal::PayloadError(damaged);
+    ASSERT_TRUE(got.has_value()) << damaged;
+    EXPECT_EQ(got->code(), Code::kInternal) << damaged << ": " << *got;
+  }
 }
 
 // A timeout of 0 (which would end every wait at once, and which LibTorch's
