@@ -2,7 +2,9 @@
 #include <iostream>
 
 #include "ckptio/backends.h"
+#if CKPTIO_WITH_NFS
 #include "ckptio/nfs_backend.h"
+#endif
 #include "ckptio/posix_backend.h"
 
 namespace ckptio {
@@ -11,7 +13,9 @@ const BackendRegistry& BuiltinBackends() {
   static const BackendRegistry* registry = [] {
     auto* r = new BackendRegistry();
     Status s = RegisterPosixBackend(*r);
+#if CKPTIO_WITH_NFS  // CMake option CKPTIO_WITH_NFS
     if (s.ok()) s = RegisterNfsBackend(*r);
+#endif
     if (!s.ok()) {  // a programming error: two plugins claim one scheme
       std::cerr << "ckptio: " << s << "\n";
       std::abort();

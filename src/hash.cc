@@ -1,3 +1,4 @@
+// Hash128, and XXH3-128 of a buffer at once (the streaming Hasher: hasher.cc).
 #include "ckptio/hash.h"
 
 #define XXH_INLINE_ALL
@@ -8,8 +9,6 @@
 namespace ckptio {
 
 namespace {
-Hash128 FromXxh(XXH128_hash_t h) { return Hash128{h.high64, h.low64}; }
-
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -40,23 +39,9 @@ std::optional<Hash128> Hash128::FromHex(std::string_view hex) {
   return h;
 }
 
-Hash128 HashBytes(const void* data, size_t size) { return FromXxh(XXH3_128bits(data, size)); }
-
-struct Hasher::State {
-  XXH3_state_t xxh;
-};
-
-Hasher::Hasher() : state_(std::make_unique<State>()) { Reset(); }
-Hasher::~Hasher() = default;
-Hasher::Hasher(Hasher&&) noexcept = default;
-Hasher& Hasher::operator=(Hasher&&) noexcept = default;
-
-void Hasher::Update(const void* data, size_t size) {
-  XXH3_128bits_update(&state_->xxh, data, size);
+Hash128 HashBytes(const void* data, size_t size) {
+  const XXH128_hash_t h = XXH3_128bits(data, size);
+  return Hash128{h.high64, h.low64};
 }
-
-Hash128 Hasher::Digest() const { return FromXxh(XXH3_128bits_digest(&state_->xxh)); }
-
-void Hasher::Reset() { XXH3_128bits_reset(&state_->xxh); }
 
 }  // namespace ckptio

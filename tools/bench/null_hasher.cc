@@ -1,52 +1,13 @@
-// src/hash.cc for ckptio-bench-save-unhashed only: the streaming Hasher,
+// src/hasher.cc for ckptio-bench-save-unhashed only: the streaming Hasher,
 // through which ObjectStream::Write hashes every byte saved, does no work
 // and digests to zero, so a save measured with it costs what a save would
-// without checksums. Everything else is as in src/hash.cc (HashBytes is
-// real XXH3: the manifest's own checksum and LATEST stay valid), so what
-// this program writes fails verification on its objects' data, and only
-// there. Never linked into anything but that benchmark program.
+// without checksums. The rest of the core is the real one (HashBytes is
+// XXH3: the manifest's own checksum and LATEST stay valid), so what this
+// program writes fails verification on its objects' data, and only there.
+// Never linked into anything but that benchmark program.
 #include "ckptio/hash.h"
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 namespace ckptio {
-
-namespace {
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-}  // namespace
-
-std::string Hash128::Hex() const {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(32, '0');
-  for (int i = 0; i < 16; ++i) {
-    out[15 - i] = kDigits[(high >> (4 * i)) & 0xf];
-    out[31 - i] = kDigits[(low >> (4 * i)) & 0xf];
-  }
-  return out;
-}
-
-std::optional<Hash128> Hash128::FromHex(std::string_view hex) {
-  if (hex.size() != 32) return std::nullopt;
-  Hash128 h;
-  for (size_t i = 0; i < 32; ++i) {
-    int d = HexDigit(hex[i]);
-    if (d < 0) return std::nullopt;
-    uint64_t& half = i < 16 ? h.high : h.low;
-    half = (half << 4) | static_cast<uint64_t>(d);
-  }
-  return h;
-}
-
-Hash128 HashBytes(const void* data, size_t size) {
-  XXH128_hash_t h = XXH3_128bits(data, size);
-  return Hash128{h.high64, h.low64};
-}
 
 struct Hasher::State {};
 
