@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "ckptio/layout.h"
 #include "nfs_connection.h"
 #include "nfs_limits.h"
 #include "nfs_locks.h"
 #include "nfs_objects.h"
-#include "object_io.h"
 
 namespace ckptio {
 namespace {

@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "object_io.h"
+#include "ckptio/layout.h"
 
 namespace ckptio::nfs {
 namespace {

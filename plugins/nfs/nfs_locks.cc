@@ -14,7 +14,7 @@
 #include <exception>
 #include <vector>
 
-#include "object_io.h"
+#include "ckptio/layout.h"
 
 namespace ckptio::nfs {
 namespace {

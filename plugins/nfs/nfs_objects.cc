@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "object_io.h"
+#include "ckptio/layout.h"
 
 namespace ckptio::nfs {
 namespace {
