@@ -380,7 +380,10 @@ class FileCoordinator : public Coordinator {
     auto msg = r.find(prefix + "message");
     const std::string message = kRankZeroFailed + std::to_string(step) + ": " +
                                 (msg == r.end() ? "(no message)" : msg->second);
-    std::optional<Status> sent = DecodeStatus(Field(r, prefix + "code") + ":" + message);
+    const std::string code = Field(r, prefix + "code");
+    std::optional<Status> sent;
+    if (code.find_first_not_of("0123456789") == std::string::npos)  // digits only
+      sent = DecodeStatus(code + ":" + message);
     if (!sent || sent->ok()) return Status(Code::kInternal, message).FromPeer();
     return *sent;
   }

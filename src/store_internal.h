@@ -59,7 +59,6 @@ Status DeleteStep(StorageBackend& backend, int64_t step);
 Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& backend);
 
 // What a writer and its pending checkpoints share; lives as long as any.
-// What a writer and its pending checkpoints share; lives as long as any.
 struct WriterCore {
   std::shared_ptr<StorageBackend> backend;
   std::unique_ptr<BackendLock> lock;

@@ -53,7 +53,16 @@ bool SyncPointFs::Run(PosixSyncPoint point, const std::string& path) {
 
 int SyncPointFs::OpenAt(int dirfd, const char* name, int flags, mode_t mode) {
   const int fd = inner_->OpenAt(dirfd, name, flags, mode);
-  if (fd < 0 || !(flags & O_CREAT) || !IsTempObjectName(LastComponent(name))) return fd;
+  if (fd < 0) return fd;
+  {
+    // A number the kernel hands out again: whatever was recorded under it
+    // belonged to a descriptor closed without passing here (the backend
+    // closes a discarded temp or a directory itself).
+    std::lock_guard<std::mutex> g(mu_);
+    temps_.erase(fd);
+    renamed_.erase(fd);
+  }
+  if (!(flags & O_CREAT) || !IsTempObjectName(LastComponent(name))) return fd;
   const std::string path = PathAt(dirfd, name);
   if (!Run(PosixSyncPoint::kTempOpened, path)) {
     ::close(fd);
@@ -113,18 +122,27 @@ int SyncPointFs::MkdirAt(int dirfd, const char* name, mode_t mode) {
 
 int SyncPointFs::RenameAt(int dirfd, const char* from, const char* to) {
   const int r = inner_->RenameAt(dirfd, from, to);
-  if (r == 0) {
+  // ENOENT: on NFS, a rename whose reply was lost, which the backend may
+  // find done (then the directory fsync follows, and the points with it).
+  if (r == 0 || errno == ENOENT) {
+    const int saved = errno;
     std::lock_guard<std::mutex> g(mu_);
     renamed_[dirfd] = PathAt(dirfd, to);
+    errno = saved;
   }
   return r;
 }
 
 int SyncPointFs::LinkAt(int dirfd, const char* from, const char* to) {
   const int r = inner_->LinkAt(dirfd, from, to);
-  if (r == 0) {
+  // EEXIST: on NFS, a link whose reply was lost (as for RenameAt); where the
+  // name was someone else's, no directory fsync follows and the entry waits
+  // unused until the descriptor is closed.
+  if (r == 0 || errno == EEXIST) {
+    const int saved = errno;
     std::lock_guard<std::mutex> g(mu_);
     renamed_[dirfd] = PathAt(dirfd, to);
+    errno = saved;
   }
   return r;
 }

@@ -411,6 +411,34 @@ TEST(PosixBackend, FailureAtEverySyncPointLeavesNoObjectAndNoTemp) {
 
 // A file that shrank between open and map must be refused, not mapped: the
 // first touch past its new end would kill the process with SIGBUS.
+// After a commit that failed at a sync point (its temp file closed by the
+// backend itself, so the wrapper never saw it go), the next commit on the
+// same backend still runs every point in order: a reused descriptor number
+// carries nothing over.
+TEST(PosixBackend, SyncPointsStayInOrderAfterAFailedCommit) {
+  TempDir dir;
+  std::vector<std::string> seen;
+  bool fail = true;
+  PosixBackendOptions o;
+  o.fs = std::make_shared<SyncPointFs>([&](PosixSyncPoint p, const std::string&) {
+    seen.emplace_back(PosixSyncPointName(p));
+    if (fail && p == PosixSyncPoint::kDataWritten) return Status(Code::kUnavailable, "injected");
+    return OkStatus();
+  });
+  auto b = Open(dir.Sub("store"), o);
+  EXPECT_EQ(Put(*b, "first", "abc").code(), Code::kUnavailable);
+  fail = false;
+  // New folders: their descriptors take the numbers the failed commit freed,
+  // and creating them syncs their parents.
+  for (const char* key : {"a/b/second", "LATEST"}) {
+    seen.clear();
+    CKPTIO_ASSERT_OK(Put(*b, key, "def"));
+    EXPECT_EQ(seen, (std::vector<std::string>{"temp-opened", "data-written", "file-synced",
+                                              "file-closed", "renamed", "dir-synced"}))
+        << key;
+  }
+}
+
 TEST(PosixBackend, AnObjectThatShrankSinceItWasOpenedIsNotMapped) {
   TempDir dir;
   struct statfs fs_info;
