@@ -30,10 +30,10 @@ namespace ckptio {
 namespace {
 
 using internal::Apply;
+using internal::ChooseStep;
 using internal::ErrorPayload;
 using internal::Guard;
 using internal::OpenedStep;
-using internal::OpenVerified;
 using internal::Plan;
 using internal::Ready;
 using internal::SavePlan;
@@ -240,37 +240,15 @@ Result<LoadResult> Checkpointer::Impl::Decide(const std::string& name, const Loa
   json decision;
   if (rank_.rank == 0) {
     decision = [&]() -> json {
-      std::vector<int64_t> candidates;
-      if (options.step) {
-        candidates.push_back(*options.step);
-      } else {
-        // Manifests are read (and checked) once, by OpenStep below.
-        auto steps = store_->ListStepsWithManifest();
-        if (!steps.ok()) {
-          if (steps.status().code() == Code::kNotFound) return {{"none", true}};
-          return {{"code", static_cast<int>(steps.status().code())},
-                  {"message", steps.status().message()}};
-        }
-        candidates.assign(steps->rbegin(), steps->rend());
-        if (candidates.empty()) return {{"none", true}};
-      }
+      auto chosen = ChooseStep(*store_, options.step);
+      if (!chosen.ok())
+        return {{"code", static_cast<int>(chosen.status().code())},
+                {"message", chosen.status().message()}};
+      if (!chosen->has_value()) return {{"none", true}};
       json skipped = json::array();
-      for (int64_t step : candidates) {
-        auto opened = OpenVerified(*store_, step);
-        if (opened.ok()) {
-          *verified = std::move(*opened);
-          return {{"step", step}, {"skipped", skipped}};
-        }
-        const Status& v = opened.status();
-        if (v.code() != Code::kDataLoss || options.step)
-          return {{"code", static_cast<int>(v.code())}, {"message", v.message()}};
-        // The decision travels as one small record: keep it bounded (the
-        // first 50 skipped steps, 300 bytes of reason each).
-        if (skipped.size() < 50) skipped.push_back({step, v.message().substr(0, 300)});
-      }
-      return {{"code", static_cast<int>(Code::kDataLoss)},
-              {"message", "no checkpoint in " + store_->uri() + " verifies; newest problem: " +
-                              skipped.front()[1].get<std::string>()}};
+      for (const auto& [step, why] : (*chosen)->skipped) skipped.push_back({step, why});
+      *verified = std::move((*chosen)->opened);
+      return {{"step", (*chosen)->step}, {"skipped", skipped}};
     }();
     if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(PublishDecision(name, DecisionText(decision)));
   } else {

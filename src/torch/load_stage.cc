@@ -19,6 +19,35 @@ Result<std::unique_ptr<OpenedStep>> OpenVerified(Store& store, int64_t step) {
   return opened;
 }
 
+Result<std::optional<ChosenStep>> ChooseStep(Store& store, std::optional<int64_t> step) {
+  std::vector<int64_t> candidates;
+  if (step) {
+    candidates.push_back(*step);
+  } else {
+    // Manifests are read (and checked) once, by OpenVerified below.
+    auto steps = store.ListStepsWithManifest();
+    if (!steps.ok() && steps.status().code() == Code::kNotFound) return std::optional<ChosenStep>();
+    CKPTIO_RETURN_IF_ERROR(steps.status());
+    candidates.assign(steps->rbegin(), steps->rend());
+    if (candidates.empty()) return std::optional<ChosenStep>();
+  }
+  ChosenStep chosen;
+  for (int64_t candidate : candidates) {
+    auto opened = OpenVerified(store, candidate);
+    if (opened.ok()) {
+      chosen.step = candidate;
+      chosen.opened = std::move(*opened);
+      return std::optional<ChosenStep>(std::move(chosen));
+    }
+    const Status& v = opened.status();
+    if (v.code() != Code::kDataLoss || step) return v;
+    if (chosen.skipped.size() < 50)
+      chosen.skipped.emplace_back(candidate, v.message().substr(0, 300));
+  }
+  return Status(Code::kDataLoss, "no checkpoint in " + store.uri() +
+                                     " verifies; newest problem: " + chosen.skipped.front().second);
+}
+
 std::string ShapeStr(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);

@@ -16,9 +16,9 @@ namespace ckptio {
 namespace {
 
 using internal::Apply;
+using internal::ChooseStep;
 using internal::DeviceOf;
 using internal::Guard;
-using internal::OpenVerified;
 using internal::Stage;
 using internal::Staged;
 
@@ -52,33 +52,21 @@ Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
   CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(uri));
   State state;
   state.items.push_back(std::move(item));
-  // The newest step that verifies.
-  auto steps = store->ListStepsWithManifest();
-  if (!steps.ok()) {
-    if (steps.status().code() == Code::kNotFound)
-      return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
-    return steps.status();
-  }
-  Status last = Status(Code::kNotFound, "no committed checkpoint in " + store->uri());
-  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-    auto opened = OpenVerified(*store, *it);
-    if (opened.status().code() == Code::kDataLoss) {
-      Log(LogLevel::kWarning, "step " + std::to_string(*it) +
-                                  " failed verification and is skipped (" +
-                                  opened.status().message() + ")");
-      last = opened.status();
-      continue;
-    }
-    CKPTIO_RETURN_IF_ERROR(opened.status());
-    MapLocation map = MapLocation::To(device);
-    Staged staged;
-    CKPTIO_RETURN_IF_ERROR(Guard("load from " + store->uri(), [&]() -> Status {
-      CKPTIO_ASSIGN_OR_RETURN(staged, Stage(**opened, state, map, Single()));
-      return OkStatus();
-    }));
-    return Apply(staged, state);
-  }
-  return last;
+  // The step Checkpointer::Load would take (ChooseStep); nothing saved yet
+  // is an error here, as a missing file is for torch::load.
+  CKPTIO_ASSIGN_OR_RETURN(auto chosen, ChooseStep(*store, std::nullopt));
+  if (!chosen) return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
+  for (const auto& [step, why] : chosen->skipped)
+    Log(LogLevel::kWarning, "step " + std::to_string(step) +
+                                " failed verification and is skipped; loading step " +
+                                std::to_string(chosen->step) + " instead (" + why + ")");
+  MapLocation map = MapLocation::To(device);
+  Staged staged;
+  CKPTIO_RETURN_IF_ERROR(Guard("load from " + store->uri(), [&]() -> Status {
+    CKPTIO_ASSIGN_OR_RETURN(staged, Stage(*chosen->opened, state, map, Single()));
+    return OkStatus();
+  }));
+  return Apply(staged, state);
 }
 
 }  // namespace

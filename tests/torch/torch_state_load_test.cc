@@ -431,6 +431,19 @@ TEST(TorchStateTest, LoadFallsBackToTheNewestGoodStepLoudly) {
   EXPECT_TRUE(BitEqual(one, torch::full({100}, 0.0f)));
   EXPECT_NE(err.find("step 2 failed verification"), std::string::npos) << err;
   EXPECT_NE(err.find("step 1 failed verification"), std::string::npos) << err;
+
+  // With every step damaged, the same rule as Load's: DATA_LOSS naming the
+  // newest problem (step 2's manifest), never the oldest step's alone.
+  testing::FlipBit(dir.Sub("one/step-000000000000/tensors.safetensors"), 200, 0);
+  // (A fresh tensor: `one` shares the map of the file just damaged.)
+  torch::Tensor fresh = torch::full({3}, 7.0f);
+  ::testing::internal::CaptureStderr();
+  Status none = load(fresh, dir.Sub("one"));
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(none.code(), Code::kDataLoss) << none;
+  EXPECT_NE(none.message().find("no checkpoint in"), std::string::npos) << none;
+  EXPECT_NE(none.message().find("step-000000000002"), std::string::npos) << none;
+  EXPECT_TRUE(BitEqual(fresh, torch::full({3}, 7.0f))) << "a failed load changed the tensor";
 }
 
 // A step written by a newer ckptio (a format version this build does not
