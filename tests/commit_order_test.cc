@@ -3,6 +3,7 @@
 // logs every fsync/close/rename/directory fsync into the same log. At every
 // sync point an independent reader checks what is visible.
 #include <algorithm>
+#include <filesystem>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
@@ -33,7 +34,9 @@ struct Visible {
 class CommitOrderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = dir_.Sub("store");
+    // The hook's paths have symbolic links resolved (a TMPDIR may have some).
+    std::filesystem::create_directories(dir_.Sub("store"));
+    root_ = std::filesystem::canonical(dir_.Sub("store")).string();
     PosixBackendOptions o;
     o.fs = std::make_shared<SyncPointFs>([this](PosixSyncPoint p, const std::string& path) {
       // Log relative to the store root, like backend keys.

@@ -11,13 +11,17 @@
 #include "torch/tensors.h"
 
 namespace ckptio::internal {
+namespace {
 
+// `step` opened and every object verified: DataLoss when it is damaged.
 Result<std::unique_ptr<OpenedStep>> OpenVerified(Store& store, int64_t step) {
   auto opened = std::make_unique<OpenedStep>();
   CKPTIO_ASSIGN_OR_RETURN(opened->reader, store.OpenStep(step));
   CKPTIO_RETURN_IF_ERROR(opened->ViewAll());
   return opened;
 }
+
+}  // namespace
 
 Result<std::optional<ChosenStep>> ChooseStep(Store& store, std::optional<int64_t> step) {
   std::vector<int64_t> candidates;

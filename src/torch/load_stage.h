@@ -45,9 +45,6 @@ struct OpenedStep {
   }
 };
 
-// `step` opened and every object verified: DataLoss when it is damaged.
-Result<std::unique_ptr<OpenedStep>> OpenVerified(Store& store, int64_t step);
-
 // The step a load takes, opened and verified, and the newer ones skipped.
 struct ChosenStep {
   int64_t step = 0;

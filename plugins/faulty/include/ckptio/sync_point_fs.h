@@ -4,7 +4,8 @@
 // backend users link has no hooks.
 //
 // The hook runs after the step it names, with the path of the temp file
-// (points 1-4) or of the target (5-6). A non-OK return fails the system call
+// (points 1-4) or of the target (5-6), as the kernel names the folder
+// (/proc/self/fd: symbolic links in the store's path resolved). A non-OK return fails the system call
 // there with EIO (as a real error at that point would; the call's own
 // effect is undone where the backend could not see it: a temp file the
 // failed open created is removed); a hook may also kill the process there
@@ -27,6 +28,7 @@
 #include <string>
 #include <string_view>
 
+#include "ckptio/export.h"
 #include "ckptio/posix_backend.h"
 #include "ckptio/status.h"
 
@@ -41,9 +43,9 @@ enum class PosixSyncPoint {
   kRenamed,      // 5 (rename or link)
   kDirSynced,    // 6
 };
-std::string_view PosixSyncPointName(PosixSyncPoint p);
+CKPTIO_EXPORT std::string_view PosixSyncPointName(PosixSyncPoint p);
 
-class SyncPointFs : public PosixFs {
+class CKPTIO_EXPORT SyncPointFs : public PosixFs {
  public:
   using Hook = std::function<Status(PosixSyncPoint, const std::string& path)>;
   // `inner`: the layer below (null: the kernel's).
