@@ -9,6 +9,8 @@
 #include <functional>
 #include <vector>
 
+#include "ckptio/export.h"
+
 namespace ckptio {
 
 // memcpy, with streaming (non-temporal) stores from 1 MiB up, where the
@@ -17,7 +19,7 @@ namespace ckptio {
 // a quarter faster (1 GiB on this VM's 2 cores: 0.052 s with memcpy, 0.039 s
 // streaming; glibc streams only above 288 MiB per call here). Any
 // alignment; done (fenced) when it returns.
-void StreamCopy(char* dst, const char* src, size_t n);
+CKPTIO_EXPORT_PRIVATE void StreamCopy(char* dst, const char* src, size_t n);
 
 struct CopyJob {
   char* dst;
@@ -27,13 +29,13 @@ struct CopyJob {
 
 // Runs the copies with StreamCopy in 8 MiB pieces on up to 4 threads (one
 // per core); returns when all are done.
-void ParallelCopy(const std::vector<CopyJob>& jobs);
+CKPTIO_EXPORT_PRIVATE void ParallelCopy(const std::vector<CopyJob>& jobs);
 
 // Runs `work` here and on up to `threads` - 1 helper threads at once, and
 // returns when every run has returned. Fewer helpers where the system gives
 // no more threads (RLIMIT_NPROC, memory), so `work` must take its pieces
 // from a shared counter until none are left, whoever runs it.
-void RunOnThreads(unsigned threads, const std::function<void()>& work);
+CKPTIO_EXPORT_PRIVATE void RunOnThreads(unsigned threads, const std::function<void()>& work);
 
 }  // namespace ckptio
 

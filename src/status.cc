@@ -76,6 +76,7 @@ void DieOfBadAccess(const Status& status) {
 Status Status::FromPeer() const {
   Status copy = *this;
   copy.origin_ = Origin::kPeer;
+  copy.cause_ = {};  // another process's error codes mean nothing here
   return copy;
 }
 
@@ -92,8 +93,14 @@ Status Status::WithContext(std::string_view context) const {
   std::string msg(context);
   msg += ": ";
   msg += message_;
-  Status out(code_, std::move(msg));
-  out.origin_ = origin_;
+  Status out = *this;
+  out.message_ = std::move(msg);
+  return out;
+}
+
+Status Status::WithCause(std::error_code cause) const {
+  Status out = *this;
+  out.cause_ = cause;
   return out;
 }
 
@@ -164,7 +171,7 @@ Status ErrnoToStatus(int err, std::string_view what) {
   msg += ": ";
   msg += std::strerror(err);
   msg += advice;
-  return Status(code, std::move(msg));
+  return Status(code, std::move(msg)).WithCause(std::error_code(err, std::generic_category()));
 }
 
 }  // namespace ckptio

@@ -7,13 +7,14 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "ckptio/export.h"
 #include "ckptio/status.h"
 
 namespace ckptio {
 
 // Errors are kDataLoss, "<where>: <what is wrong>".
-Result<nlohmann::json> ParseStrictJson(std::string_view bytes, int max_depth,
-                                       std::string_view where);
+CKPTIO_EXPORT_PRIVATE Result<nlohmann::json> ParseStrictJson(std::string_view bytes, int max_depth,
+                                                             std::string_view where);
 
 }  // namespace ckptio
 

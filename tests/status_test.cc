@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -41,6 +43,24 @@ TEST(StatusCoding, ContextKeepsTheOrigin) {
   const Status peer = Status(Code::kUnavailable, "server gone").FromPeer();
   EXPECT_EQ(peer.WithContext("rank 2").origin(), Status::Origin::kPeer);
   EXPECT_EQ(peer.WithContext("rank 2").message(), "rank 2: server gone");
+}
+
+// A cause is typed, travels with the status through WithContext, and does
+// not cross to another rank (its category means nothing there).
+TEST(StatusCause, AnErrnoIsTheCauseAndContextKeepsItButAPeerGetsNone) {
+  const Status s = ErrnoToStatus(ENOSPC, "write /ckpt/x");
+  EXPECT_EQ(s.cause(), std::errc::no_space_on_device);
+  EXPECT_EQ(s.WithContext("saving step 3").cause(), std::errc::no_space_on_device);
+  EXPECT_FALSE(Status(Code::kDataLoss, "checksum").cause());
+  EXPECT_FALSE(s.FromPeer().cause());
+  auto got = DecodeStatus(EncodeStatus(s));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_FALSE(got->cause());
+  EXPECT_EQ(got->code(), Code::kResourceExhausted);
+  const Status timed =
+      Status(Code::kUnavailable, "mount").WithCause(std::make_error_code(std::errc::timed_out));
+  EXPECT_EQ(timed.cause(), std::errc::timed_out);
+  EXPECT_EQ(timed.message(), "mount");
 }
 
 TEST(ResultDeathTest, ReadingTheValueOfAnErrorAbortsWithItsMessage) {

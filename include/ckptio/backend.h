@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckptio/export.h"
 #include "ckptio/layout.h"
 #include "ckptio/status.h"
 
@@ -45,14 +46,14 @@ inline constexpr size_t kMaxKeyLength = 1024;
 // most kMaxKeyComponent bytes per component and kMaxKeyLength in all.
 // InvalidArgument naming the offence otherwise. Backends call this on every
 // key they receive, so nothing is ever written outside the store.
-Status ValidateKey(std::string_view key);
+CKPTIO_EXPORT Status ValidateKey(std::string_view key);
 
 // OK if `prefix` may be passed to StorageBackend::List: "" (everything), a
 // legal key, or a legal key followed by one '/'.
-Status ValidatePrefix(std::string_view prefix);
+CKPTIO_EXPORT Status ValidatePrefix(std::string_view prefix);
 
 // Writes one object. Not thread-safe.
-class ObjectWriter {
+class CKPTIO_EXPORT ObjectWriter {
  public:
   // Discards the object if Commit() did not succeed. Never throws and never
   // makes anything visible.
@@ -70,7 +71,7 @@ class ObjectWriter {
 // The bytes of a whole object in memory: a private memory map or a buffer,
 // owned by the view and released with it. Writable; writes change only the
 // view (a map is copy-on-write), never the object.
-class ObjectView {
+class CKPTIO_EXPORT ObjectView {
  public:
   virtual ~ObjectView() = default;
   virtual char* data() = 0;
@@ -78,7 +79,7 @@ class ObjectView {
 };
 
 // Reads one committed object. Not thread-safe.
-class ObjectReader {
+class CKPTIO_EXPORT ObjectReader {
  public:
   virtual ~ObjectReader() = default;
   // Size of the object when it was opened.
@@ -97,7 +98,7 @@ class ObjectReader {
 };
 
 // An exclusive lock held until the object is destroyed.
-class BackendLock {
+class CKPTIO_EXPORT BackendLock {
  public:
   virtual ~BackendLock() = default;
 };
@@ -109,11 +110,11 @@ enum class WriteMode {
   kCreateExclusive,  // Fail with AlreadyExists if the key exists.
 };
 
-struct ObjectInfo {
+struct CKPTIO_EXPORT ObjectInfo {
   uint64_t size = 0;
 };
 
-class StorageBackend {
+class CKPTIO_EXPORT StorageBackend {
  public:
   virtual ~StorageBackend() = default;
 
@@ -163,7 +164,7 @@ class StorageBackend {
 
 // A parsed store URI: "file:///abs/path", "nfs://server/export?version=3",
 // or a plain path (scheme "file").
-struct Uri {
+struct CKPTIO_EXPORT Uri {
   std::string scheme;     // lowercase, never empty
   std::string authority;  // "" for file://
   std::string path;
@@ -177,7 +178,7 @@ using BackendFactory = std::function<Result<std::unique_ptr<StorageBackend>>(con
 // Maps URI schemes to backend factories. Backends are registered by explicit
 // calls (see ckptio/backends.h), never by static initialisers a linker could
 // drop.
-class BackendRegistry {
+class CKPTIO_EXPORT BackendRegistry {
  public:
   // AlreadyExists if the scheme is taken; InvalidArgument if it is not
   // lowercase [a-z0-9+.-].

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "ckptio/backend.h"
+#include "ckptio/export.h"
 #include "ckptio/store.h"
 
 namespace ckptio {
@@ -15,10 +16,10 @@ namespace ckptio {
 // "faulty+" schemes are not among them: see plugins/faulty). Each plugin is
 // registered by an explicit call here, so none can be dropped by the
 // linker. Built once, on first use; thread-safe.
-const BackendRegistry& BuiltinBackends();
+CKPTIO_EXPORT const BackendRegistry& BuiltinBackends();
 
 // Store::Open(uri, BuiltinBackends()).
-Result<std::unique_ptr<Store>> OpenStore(std::string_view uri);
+CKPTIO_EXPORT Result<std::unique_ptr<Store>> OpenStore(std::string_view uri);
 
 }  // namespace ckptio
 

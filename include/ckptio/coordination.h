@@ -48,13 +48,15 @@
 #include <string_view>
 
 #include "ckptio/backend.h"
+#include "ckptio/export.h"
 #include "ckptio/rank.h"
 #include "ckptio/status.h"
 
 namespace ckptio {
 
 enum class WaitMode { kManifest, kFileLock, kStore };
-std::string_view WaitModeName(WaitMode mode);  // "manifest", "file-lock", "c10d-store"
+CKPTIO_EXPORT std::string_view WaitModeName(
+    WaitMode mode);  // "manifest", "file-lock", "c10d-store"
 
 // The manifest metadata entry in which rank 0 records the save attempt that
 // committed the step (written when the job has several ranks).
@@ -62,9 +64,10 @@ inline constexpr char kSaveAttemptKey[] = "ckptio.save_attempt";
 
 // now + timeout, saturating: milliseconds::max() waits for ever instead of
 // overflowing into the past.
-std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout);
+CKPTIO_EXPORT std::chrono::steady_clock::time_point DeadlineAfter(
+    std::chrono::milliseconds timeout);
 
-class Coordinator {
+class CKPTIO_EXPORT Coordinator {
  public:
   virtual ~Coordinator() = default;
   virtual WaitMode mode() const = 0;
@@ -129,8 +132,8 @@ class Coordinator {
 // kManifest or kFileLock coordination through the store at `backend`.
 // InvalidArgument for kStore (see ckptio/torch.h), or when a job of several
 // ranks has no job id, or one a relaunch repeats (set CKPTIO_JOB_ID).
-Result<std::unique_ptr<Coordinator>> NewFileCoordinator(std::shared_ptr<StorageBackend> backend,
-                                                        const RankInfo& rank, WaitMode mode);
+CKPTIO_EXPORT Result<std::unique_ptr<Coordinator>> NewFileCoordinator(
+    std::shared_ptr<StorageBackend> backend, const RankInfo& rank, WaitMode mode);
 
 }  // namespace ckptio
 

@@ -12,9 +12,11 @@
 #include <string>
 #include <string_view>
 
+#include "ckptio/export.h"
+
 namespace ckptio {
 
-struct Hash128 {
+struct CKPTIO_EXPORT Hash128 {
   uint64_t high = 0;
   uint64_t low = 0;
 
@@ -28,11 +30,11 @@ struct Hash128 {
 };
 
 // One-shot XXH3-128 of a buffer.
-Hash128 HashBytes(const void* data, size_t size);
+CKPTIO_EXPORT Hash128 HashBytes(const void* data, size_t size);
 inline Hash128 HashBytes(std::string_view s) { return HashBytes(s.data(), s.size()); }
 
 // Streaming XXH3-128. Not thread-safe; cheap to move.
-class Hasher {
+class CKPTIO_EXPORT Hasher {
  public:
   Hasher();
   ~Hasher();

@@ -26,6 +26,8 @@
 #include <string>
 #include <string_view>
 
+#include "ckptio/export.h"
+
 namespace ckptio {
 
 // Top-level keys.
@@ -42,26 +44,26 @@ inline constexpr std::string_view kDecisionPrefix = ".coord/decision-";
 inline constexpr std::string_view kManifestName = "MANIFEST.json";
 
 // "step-000000001200" for 1200 (steps 0..kMaxStep, manifest.h).
-std::string StepDirName(int64_t step);
+CKPTIO_EXPORT std::string StepDirName(int64_t step);
 // The step of a directory name of exactly that form; -1 otherwise.
-int64_t ParseStepDirName(std::string_view name);
+CKPTIO_EXPORT int64_t ParseStepDirName(std::string_view name);
 // "step-000000001200/MANIFEST.json".
-std::string ManifestKey(int64_t step);
+CKPTIO_EXPORT std::string ManifestKey(int64_t step);
 // "step-000000001200/<object>".
-std::string ObjectKey(int64_t step, std::string_view object);
+CKPTIO_EXPORT std::string ObjectKey(int64_t step, std::string_view object);
 // ".coord/decision-<name>".
-std::string DecisionKey(std::string_view name);
+CKPTIO_EXPORT std::string DecisionKey(std::string_view name);
 
 // Whether `key` is something ckptio writes at a store's top (LATEST, the
 // lock and record files, .coord/..., step-*/...): how the tools tell a
 // store from its parent folder.
-bool IsStoreKey(std::string_view key);
+CKPTIO_EXPORT bool IsStoreKey(std::string_view key);
 
 // Striped saves: rank `rank`'s part of object "model.safetensors" is
 // "model.part-<rank>.safetensors" (the ".safetensors" ending is kept, so
 // every part stays a safetensors file; an object without it gets
 // ".part-<rank>.safetensors" appended).
-std::string StripePartName(std::string_view object, int rank);
+CKPTIO_EXPORT std::string StripePartName(std::string_view object, int rank);
 // The manifest metadata key that records which object a part belongs to:
 // kStripePartPrefix + "model.part-2.safetensors" -> "model.safetensors".
 inline constexpr char kStripePartPrefix[] = "ckptio.part.";
@@ -72,17 +74,17 @@ inline constexpr std::string_view kTempMarker = ".ckptio-tmp.";
 // under until its commit:
 // ".ckptio-tmp.<base, cut at 100>.<host>.<pid>.<n>.<random>"; key-safe,
 // unique in this process and, with its random part, across hosts.
-std::string TempObjectName(std::string_view base);
+CKPTIO_EXPORT std::string TempObjectName(std::string_view base);
 // Whether a key's last component is a temp name.
-bool IsTempObjectName(std::string_view base);
+CKPTIO_EXPORT bool IsTempObjectName(std::string_view base);
 // A temp object where ckptio writes: the top level, a step folder or
 // .coord/. Anything deeper or elsewhere is not the core's to sweep.
-bool IsSweepableTempKey(std::string_view key);
+CKPTIO_EXPORT bool IsSweepableTempKey(std::string_view key);
 
 // For names unique to a process (lock owners, upload ids): the host name
 // cut to 32 characters of [A-Za-z0-9_-], and 16 random hex digits.
-std::string KeySafeHostName();
-std::string RandomHex();
+CKPTIO_EXPORT std::string KeySafeHostName();
+CKPTIO_EXPORT std::string RandomHex();
 
 }  // namespace ckptio
 

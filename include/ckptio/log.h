@@ -16,6 +16,8 @@
 #include <functional>
 #include <string_view>
 
+#include "ckptio/export.h"
+
 namespace ckptio {
 
 enum class LogLevel { kInfo, kWarning };
@@ -25,10 +27,10 @@ using LogSink = std::function<void(LogLevel level, std::string_view message)>;
 // Sends every later message to `sink` (null: back to stderr) and returns the
 // sink it replaces. Thread-safe; the sink may be called from ckptio's
 // threads (a background save's), one message at a time.
-LogSink SetLogSink(LogSink sink);
+CKPTIO_EXPORT LogSink SetLogSink(LogSink sink);
 
 // Hands `message` to the sink.
-void Log(LogLevel level, std::string_view message);
+CKPTIO_EXPORT void Log(LogLevel level, std::string_view message);
 
 }  // namespace ckptio
 

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckptio/export.h"
 #include "ckptio/hash.h"
 #include "ckptio/layout.h"
 #include "ckptio/status.h"
@@ -44,13 +45,13 @@ inline constexpr int64_t kMaxStep = 999999999999;  // 12 decimal digits
 // OK if `name` may name an object inside a checkpoint: 1-200 bytes of
 // [A-Za-z0-9._-], not starting with '.', not "MANIFEST.json". Names are flat:
 // no '/'.
-Status ValidateObjectName(std::string_view name);
+CKPTIO_EXPORT Status ValidateObjectName(std::string_view name);
 
 // OK if a user metadata entry fits the limits above and both strings are
 // valid UTF-8 (JSON cannot hold anything else). InvalidArgument otherwise.
-Status ValidateMetadata(std::string_view key, std::string_view value);
+CKPTIO_EXPORT Status ValidateMetadata(std::string_view key, std::string_view value);
 
-struct ObjectEntry {
+struct CKPTIO_EXPORT ObjectEntry {
   std::string name;
   uint64_t size = 0;
   uint64_t chunk_size = kDefaultChunkBytes;
@@ -65,7 +66,7 @@ struct ObjectEntry {
 
 // One tensor stored inside an object (a safetensors file written by the
 // torch adapter): where its bytes are, and what they mean.
-struct TensorEntry {
+struct CKPTIO_EXPORT TensorEntry {
   std::string name;    // e.g. "layer1.weight"; unique within its object
   std::string object;  // the object holding the bytes
   std::string dtype;   // safetensors dtype: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL
@@ -76,12 +77,12 @@ struct TensorEntry {
 };
 
 // Bytes per element of a safetensors dtype name; 0 if unknown.
-size_t DtypeSize(std::string_view dtype);
+CKPTIO_EXPORT size_t DtypeSize(std::string_view dtype);
 
 inline constexpr size_t kMaxTensors = 1000000;
 inline constexpr size_t kMaxTensorRank = 32;
 
-struct Manifest {
+struct CKPTIO_EXPORT Manifest {
   int format_version = kManifestFormatVersion;
   int64_t step = 0;
   int64_t generation = 0;  // the writer's fencing generation
@@ -99,47 +100,48 @@ struct Manifest {
 };
 
 // Serialises and seals. The manifest must be valid (the writer builds it).
-std::string SerializeManifest(const Manifest& manifest);
+CKPTIO_EXPORT std::string SerializeManifest(const Manifest& manifest);
 // Serialises and seals a manifest after checking it exactly as
 // ParseManifest checks what it reads (DataLoss naming `where` otherwise).
-Result<std::string> SerializeCheckedManifest(const Manifest& manifest, std::string_view where);
+CKPTIO_EXPORT Result<std::string> SerializeCheckedManifest(const Manifest& manifest,
+                                                           std::string_view where);
 
 // Parses and checks everything above. `where` names the file in errors.
-Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where);
+CKPTIO_EXPORT Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where);
 
 // LATEST: which step is newest, and the hash of its MANIFEST.json bytes.
-struct Latest {
+struct CKPTIO_EXPORT Latest {
   int64_t step = 0;
   int64_t generation = 0;
   Hash128 manifest_hash;
 };
 
-std::string SerializeLatest(const Latest& latest);
-Result<Latest> ParseLatest(std::string_view bytes, std::string_view where);
+CKPTIO_EXPORT std::string SerializeLatest(const Latest& latest);
+CKPTIO_EXPORT Result<Latest> ParseLatest(std::string_view bytes, std::string_view where);
 
 // .writer: the generation the current writer claimed, and who it is.
-struct WriterRecord {
+struct CKPTIO_EXPORT WriterRecord {
   int64_t generation = 0;
   std::string host;
   int64_t pid = 0;
   int64_t started_unix_ms = 0;
 };
 
-std::string SerializeWriterRecord(const WriterRecord& record);
-Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view where);
+CKPTIO_EXPORT std::string SerializeWriterRecord(const WriterRecord& record);
+CKPTIO_EXPORT Result<WriterRecord> ParseWriterRecord(std::string_view bytes,
+                                                     std::string_view where);
 
 // A small sealed record of string fields (the coordination records in
 // .coord/): {"format": format, "version": 1, ...fields, "checksum": ...}.
-std::string SerializeRecord(std::string_view format,
-                            const std::map<std::string, std::string>& fields);
+CKPTIO_EXPORT std::string SerializeRecord(std::string_view format,
+                                          const std::map<std::string, std::string>& fields);
 // DataLoss if damaged or of another format, or over `max_bytes` (64 KiB
 // unless told: a record carrying a stripe receipt may be as large as a
 // manifest, kMaxManifestBytes).
 inline constexpr size_t kMaxRecordBytes = 64u << 10;
-Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
-                                                       std::string_view format,
-                                                       std::string_view where,
-                                                       size_t max_bytes = kMaxRecordBytes);
+CKPTIO_EXPORT Result<std::map<std::string, std::string>> ParseRecord(
+    std::string_view bytes, std::string_view format, std::string_view where,
+    size_t max_bytes = kMaxRecordBytes);
 
 }  // namespace ckptio
 

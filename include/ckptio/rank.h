@@ -5,11 +5,12 @@
 #include <functional>
 #include <string>
 
+#include "ckptio/export.h"
 #include "ckptio/status.h"
 
 namespace ckptio {
 
-struct RankInfo {
+struct CKPTIO_EXPORT RankInfo {
   int rank = 0;        // global rank, 0 .. world_size-1
   int local_rank = 0;  // rank on this node, 0 .. local_world_size-1
   int world_size = 1;

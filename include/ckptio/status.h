@@ -29,7 +29,7 @@
 //
 // Messages say what happened, where (store, step, object, byte range or
 // path) and, when there is one, what to do about it. Code decides on a
-// Status by its code and origin, never by its message text.
+// Status by its code, origin and cause, never by its message text.
 #ifndef CKPTIO_STATUS_H_
 #define CKPTIO_STATUS_H_
 
@@ -38,7 +38,10 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
+
+#include "ckptio/export.h"
 
 namespace ckptio {
 
@@ -59,12 +62,12 @@ enum class Code {
 };
 
 // "OK", "INVALID_ARGUMENT", ... as absl spells them.
-std::string_view CodeName(Code code);
+CKPTIO_EXPORT std::string_view CodeName(Code code);
 // The code of number `number` (its enumerator's value, as EncodeStatus
 // writes it); nullopt when no code has that number.
-std::optional<Code> CodeFromNumber(int64_t number);
+CKPTIO_EXPORT std::optional<Code> CodeFromNumber(int64_t number);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] CKPTIO_EXPORT Status {
  public:
   // Where an error arose: in this process's own calls, or on another rank,
   // which sent it here (DecodeStatus). A peer's UNAVAILABLE is that rank's
@@ -84,34 +87,46 @@ class [[nodiscard]] Status {
   // A copy marked as another rank's error.
   Status FromPeer() const;
 
-  // Returns a copy whose message is "<context>: <message>" (origin kept).
+  // What the error came from below ckptio, when that is known: the errno
+  // of a failed system call (generic category, from ErrnoToStatus), or a
+  // condition of a backend's own category (the NFS backend marks a stale
+  // file handle this way, and retries on it). Empty otherwise, and on a
+  // status received from another rank.
+  const std::error_code& cause() const { return cause_; }
+  // A copy with `cause` as its cause.
+  Status WithCause(std::error_code cause) const;
+
+  // Returns a copy whose message is "<context>: <message>" (origin and
+  // cause kept).
   Status WithContext(std::string_view context) const;
 
  private:
   Code code_ = Code::kOk;
   std::string message_;
   Origin origin_ = Origin::kThisProcess;
+  std::error_code cause_;
 };
 
 inline Status OkStatus() { return Status(); }
-std::ostream& operator<<(std::ostream& os, const Status& s);
+CKPTIO_EXPORT std::ostream& operator<<(std::ostream& os, const Status& s);
 
 // The one place errno values become Status codes. `what` names the
 // operation and path, e.g. "fsync /ckpt/step-000000000001/MANIFEST.json".
-Status ErrnoToStatus(int err, std::string_view what);
+// The status's cause is `err` in the generic category.
+CKPTIO_EXPORT Status ErrnoToStatus(int err, std::string_view what);
 
 // Sending a Status to another rank (a c10d store value, a coordination
 // record, a load decision): one text form for every coordinator,
 // "<code number>:<message>" ("0:" for OK).
-std::string EncodeStatus(const Status& status);
+CKPTIO_EXPORT std::string EncodeStatus(const Status& status);
 // The Status EncodeStatus made, marked Origin::kPeer; nullopt when `text` is
 // not of that form or names no code (a damaged or hostile record never
 // yields an out-of-range code).
-std::optional<Status> DecodeStatus(std::string_view text);
+CKPTIO_EXPORT std::optional<Status> DecodeStatus(std::string_view text);
 
 namespace internal {
 // Prints "ckptio: value() of a failed Result: <status>" and aborts.
-[[noreturn]] void DieOfBadAccess(const Status& status);
+[[noreturn]] CKPTIO_EXPORT void DieOfBadAccess(const Status& status);
 }  // namespace internal
 
 // Holds a T or a non-OK Status. Reading the value of a Result that holds an

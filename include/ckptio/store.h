@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "ckptio/backend.h"
+#include "ckptio/export.h"
 #include "ckptio/layout.h"
 #include "ckptio/manifest.h"
 #include "ckptio/status.h"
@@ -61,7 +62,7 @@ using ProgressFn = std::function<void(uint64_t bytes)>;
 
 // Reads one committed checkpoint, verifying every byte it returns.
 // Not thread-safe; use one reader per thread.
-class CheckpointReader {
+class CKPTIO_EXPORT CheckpointReader {
  public:
   ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
@@ -112,7 +113,7 @@ class StripeWriter;
 struct StripeReceipt;
 
 // Streams one object of a pending checkpoint. Must not outlive it.
-class ObjectStream {
+class CKPTIO_EXPORT ObjectStream {
  public:
   ~ObjectStream();  // abandons the object if Close() did not succeed
   ObjectStream(const ObjectStream&) = delete;
@@ -131,7 +132,7 @@ class ObjectStream {
   std::unique_ptr<State> state_;
 };
 
-struct CommitInfo {
+struct CKPTIO_EXPORT CommitInfo {
   int64_t step = 0;
   int64_t generation = 0;
   Hash128 manifest_hash;
@@ -142,7 +143,7 @@ struct CommitInfo {
 };
 
 // A checkpoint being written. Not thread-safe.
-class PendingCheckpoint {
+class CKPTIO_EXPORT PendingCheckpoint {
  public:
   // Abandons an uncommitted checkpoint, deleting what it wrote unless its
   // manifest may be there (its commit failed). Best effort. Never throws.
@@ -195,20 +196,21 @@ class PendingCheckpoint {
 // receipt (PendingCheckpoint::AddStripe) before it commits. A stripe object
 // is durable (committed by the backend) before its receipt exists, so a
 // committed step never names a stripe that is not on storage.
-struct StripeReceipt {
+struct CKPTIO_EXPORT StripeReceipt {
   int64_t step = 0;
   int rank = 0;
   std::vector<ObjectEntry> objects;  // sorted by name
   std::vector<TensorEntry> tensors;
 };
 // Sealed JSON, checked like a manifest (tensors inside their objects...).
-std::string SerializeStripeReceipt(const StripeReceipt& receipt);
-Result<StripeReceipt> ParseStripeReceipt(std::string_view bytes, std::string_view where);
+CKPTIO_EXPORT std::string SerializeStripeReceipt(const StripeReceipt& receipt);
+CKPTIO_EXPORT Result<StripeReceipt> ParseStripeReceipt(std::string_view bytes,
+                                                       std::string_view where);
 
 // One rank's stripe of a pending step. Not thread-safe. Takes no lock: the
 // writer must have begun the step (and cleared a torn attempt at it) before
 // any stripe of it starts.
-class StripeWriter {
+class CKPTIO_EXPORT StripeWriter {
  public:
   // Unless Finish() succeeded, deletes the objects it closed (while the step is its writer's).
   ~StripeWriter();
@@ -230,7 +232,7 @@ class StripeWriter {
   int rank_;
 };
 
-struct WriterOptions {
+struct CKPTIO_EXPORT WriterOptions {
   // How long OpenWriter waits for another writer to release the lock.
   std::chrono::milliseconds lock_wait{0};
   // Keep this many newest committed steps after each commit; 0 keeps all.
@@ -247,9 +249,9 @@ enum class StepState {
   kCorrupt,      // MANIFEST.json present but unreadable, or data bad
   kUnsupported,  // written by a newer ckptio (format version): never repaired
 };
-std::string_view StepStateName(StepState s);
+CKPTIO_EXPORT std::string_view StepStateName(StepState s);
 
-struct StepEntry {
+struct CKPTIO_EXPORT StepEntry {
   int64_t step = 0;
   StepState state = StepState::kTorn;
   uint64_t bytes = 0;           // per manifest; for torn steps, what is there
@@ -257,15 +259,15 @@ struct StepEntry {
   std::string problem;          // why kCorrupt
 };
 
-struct FsckProblem {
+struct CKPTIO_EXPORT FsckProblem {
   enum class Kind { kStaleTemp, kTornStep, kCorruptStep, kBadLatest };
   Kind kind;
   int64_t step = -1;  // -1 when not about a step
   std::string detail;
 };
-std::string_view FsckKindName(FsckProblem::Kind k);
+CKPTIO_EXPORT std::string_view FsckKindName(FsckProblem::Kind k);
 
-struct FsckReport {
+struct CKPTIO_EXPORT FsckReport {
   std::vector<int64_t> good_steps;  // committed and verified, ascending
   std::optional<int64_t> latest;    // what LATEST names, when readable
   bool writer_active = false;       // another writer held the lock
@@ -278,14 +280,14 @@ struct FsckReport {
 };
 
 // What StoreWriter::CollectGarbage did.
-struct GcReport {
+struct CKPTIO_EXPORT GcReport {
   std::vector<int64_t> deleted;        // ascending
   std::optional<int64_t> newest_good;  // newest step that verifies (kept); none: no step does
   std::vector<FsckProblem> corrupt;    // newer committed steps that failed verification
 };
 
 // The one writer of a store (holds the lock until destroyed).
-class StoreWriter {
+class CKPTIO_EXPORT StoreWriter {
  public:
   ~StoreWriter();
   StoreWriter(const StoreWriter&) = delete;
@@ -323,7 +325,7 @@ class StoreWriter {
   std::unique_ptr<State> state_;
 };
 
-class Store {
+class CKPTIO_EXPORT Store {
  public:
   // Opens the store at `uri` with the backend registered for its scheme.
   // Nothing is created until a writer commits.

@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "ckptio/coordination.h"
+#include "ckptio/export.h"
 #include "ckptio/rank.h"
 #include "ckptio/status.h"
 #include "ckptio/store.h"
@@ -73,7 +74,7 @@ struct C10dStoreHandle;
 
 // A named piece of state (names unique; module and optimizer names: 1-160 of
 // [A-Za-z0-9._-], no leading '.'). Holds a reference: the object must outlive.
-class StateItem {
+class CKPTIO_EXPORT StateItem {
  public:
   enum class Kind { kModule, kOptimizer, kTensor };
 
@@ -103,7 +104,7 @@ class StateItem {
 
 // What a checkpoint holds: named modules, optimizers and tensors, plus
 // string metadata (epoch, data-loader position, RNG state...).
-struct State {
+struct CKPTIO_EXPORT State {
   State() = default;
   State(std::initializer_list<StateItem> list) : items(list) {}
 
@@ -116,7 +117,7 @@ struct State {
 };
 
 // Where loaded tensors go.
-class MapLocation {
+class CKPTIO_EXPORT MapLocation {
  public:
   // cuda:LOCAL_RANK when CUDA is available (cuda:0 when the process sees
   // one GPU: its own, under per-rank CUDA_VISIBLE_DEVICES), else CPU.
@@ -141,7 +142,7 @@ class MapLocation {
 // How the ranks that do not write learn that rank 0 committed a save, and
 // how every rank learns which step to load (ckptio/coordination.h has the
 // details).
-class WaitOn {
+class CKPTIO_EXPORT WaitOn {
  public:
   // The others poll the store for the step's manifest (any backend).
   static WaitOn Manifest();
@@ -163,7 +164,7 @@ class WaitOn {
   std::shared_ptr<const internal::C10dStoreHandle> store_;
 };
 
-struct CheckpointerOptions {
+struct CKPTIO_EXPORT CheckpointerOptions {
   WaitOn wait = WaitOn::Manifest();
   int keep_last = 0;  // 0 keeps every step
   // Every wait (for a commit, a load decision, the save lock) ends by then (>= 1 ms).
@@ -197,7 +198,7 @@ struct CheckpointerOptions {
   uint64_t max_staging_bytes = uint64_t{4} << 30;
 };
 
-struct LoadOptions {
+struct CKPTIO_EXPORT LoadOptions {
   std::optional<int64_t> step;  // nullopt: the newest step that verifies
   MapLocation map_location = MapLocation::Auto();
 };
@@ -205,7 +206,7 @@ struct LoadOptions {
 // What a Load did. A failed Load is an error (Result's status), never a
 // LoadResult: a trainer that checks ok() cannot mistake a damaged or
 // unreachable store for a fresh start.
-struct LoadResult {
+struct CKPTIO_EXPORT LoadResult {
   // The step loaded into the state; nullopt when the store holds no
   // checkpoint yet (a fresh start: the state is as it was).
   std::optional<int64_t> step;
@@ -217,7 +218,7 @@ struct LoadResult {
   int64_t next_step() const { return step ? *step + 1 : 0; }
 };
 
-class Checkpointer {
+class CKPTIO_EXPORT Checkpointer {
  public:
   // Rank 0 takes the store's writer lock for the Checkpointer's lifetime.
   // Like collectives, Checkpointers of a store (of a c10d store, in that
@@ -289,21 +290,24 @@ void UseClassicTcpStore(Options& options) {
 // One-line adoption, mirroring torch::save / torch::load: save commits the
 // next step of the store at `uri` (single process), load reads the newest
 // one that verifies onto `device`.
-Status save(torch::nn::Module& module, std::string_view uri);
-Status save(torch::optim::Optimizer& optimizer, std::string_view uri);
-Status save(torch::Tensor& tensor, std::string_view uri);
+CKPTIO_EXPORT Status save(torch::nn::Module& module, std::string_view uri);
+CKPTIO_EXPORT Status save(torch::optim::Optimizer& optimizer, std::string_view uri);
+CKPTIO_EXPORT Status save(torch::Tensor& tensor, std::string_view uri);
 template <typename M>
-Status save(torch::nn::ModuleHolder<M>& module, std::string_view uri) {
+CKPTIO_EXPORT Status save(torch::nn::ModuleHolder<M>& module, std::string_view uri) {
   return save(static_cast<torch::nn::Module&>(*module), uri);
 }
-Status load(torch::nn::Module& module, std::string_view uri, torch::Device device = torch::kCPU);
+CKPTIO_EXPORT Status load(torch::nn::Module& module, std::string_view uri,
+                          torch::Device device = torch::kCPU);
 // An optimizer's state goes where its parameters are unless told otherwise.
-Status load(torch::optim::Optimizer& optimizer, std::string_view uri);
-Status load(torch::optim::Optimizer& optimizer, std::string_view uri, torch::Device device);
-Status load(torch::Tensor& tensor, std::string_view uri, torch::Device device = torch::kCPU);
+CKPTIO_EXPORT Status load(torch::optim::Optimizer& optimizer, std::string_view uri);
+CKPTIO_EXPORT Status load(torch::optim::Optimizer& optimizer, std::string_view uri,
+                          torch::Device device);
+CKPTIO_EXPORT Status load(torch::Tensor& tensor, std::string_view uri,
+                          torch::Device device = torch::kCPU);
 template <typename M>
-Status load(torch::nn::ModuleHolder<M>& module, std::string_view uri,
-            torch::Device device = torch::kCPU) {
+CKPTIO_EXPORT Status load(torch::nn::ModuleHolder<M>& module, std::string_view uri,
+                          torch::Device device = torch::kCPU) {
   return load(static_cast<torch::nn::Module&>(*module), uri, device);
 }
 

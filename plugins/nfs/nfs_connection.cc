@@ -16,9 +16,37 @@
 namespace ckptio::nfs {
 namespace {
 
-// Appended to the message of an NFS STALE error, and what Stale() looks
-// for: the only error after which a call is looked up again and retried.
-constexpr const char* kStaleHandle = "the file handle went stale (replaced or removed meanwhile)";
+// The causes (Status::cause) the backend retries on, in a category of its
+// own: set where libnfs's result is classified (ErrorOn), read by Stale()
+// and ClientExpired(), never found again in message text.
+enum class Condition { kStaleHandle = 1, kClientExpired = 2 };
+
+class ConditionCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ckptio.nfs"; }
+  std::string message(int c) const override {
+    switch (static_cast<Condition>(c)) {
+      case Condition::kStaleHandle:
+        return "the file handle went stale (replaced or removed meanwhile)";
+      case Condition::kClientExpired:
+        return "the NFSv4 server no longer knows this client (its lease expired)";
+    }
+    return "unknown NFS condition";
+  }
+};
+
+std::error_code MakeCause(Condition c) {
+  static const ConditionCategory category;
+  return {static_cast<int>(c), category};
+}
+
+// The cause of a failed mount: std::errc::timed_out for a timeout (after
+// which EnsureConnected leaves the server alone for a while), else the errno.
+std::error_code MountCause(int rc, struct nfs_context* ctx) {
+  if (Connection::Classify(rc, nfs_get_error(ctx)) == Connection::Kind::kTimeout)
+    return std::make_error_code(std::errc::timed_out);
+  return {rc < 0 ? -rc : EIO, std::generic_category()};
+}
 
 }  // namespace
 
@@ -76,24 +104,28 @@ Result<struct nfs_context*> Connect(const NfsOptions& o, const std::string& clie
   if (!export_path->empty()) {
     int rc = nfs_mount(ctx, o.server.c_str(), export_path->c_str());
     if (rc != 0)
-      return fail(Status(Code::kUnavailable, "cannot mount " + uri + ": " + ErrorText(ctx)));
+      return fail(Status(Code::kUnavailable, "cannot mount " + uri + ": " + ErrorText(ctx))
+                      .WithCause(MountCause(rc, ctx)));
     return ctx;
   }
   // Mount the longest prefix of the path that the server exports.
   std::string path = o.path;
   std::string first_error;
+  std::error_code first_cause;
   while (true) {
     int rc = nfs_mount(ctx, o.server.c_str(), path.c_str());
     if (rc == 0) break;
     if (first_error.empty()) {
       const char* e = nfs_get_error(ctx);
       first_error = e ? e : "error " + std::to_string(rc);
+      first_cause = MountCause(rc, ctx);
     }
     if (rc == -ETIMEDOUT || rc == -ECONNREFUSED || path == "/")
       return fail(Status(Code::kUnavailable,
                          "cannot mount " + uri + ": " + first_error +
                              " (is the server running and exporting it? for a local test "
-                             "server see tools/nfs-server.sh)"));
+                             "server see tools/nfs-server.sh)")
+                      .WithCause(first_cause));
     size_t slash = path.rfind('/');
     path = slash == 0 ? "/" : path.substr(0, slash);
   }
@@ -145,13 +177,10 @@ Connection::~Connection() {
 }
 
 bool Connection::ClientExpired(const Status& s) {
-  return s.message().find("NFS4ERR_EXPIRED") != std::string::npos ||
-         s.message().find("NFS4ERR_STALE_CLIENTID") != std::string::npos;
+  return s.cause() == MakeCause(Condition::kClientExpired);
 }
 
-bool Connection::Stale(const Status& s) {
-  return s.code() == Code::kUnavailable && s.message().find(kStaleHandle) != std::string::npos;
-}
+bool Connection::Stale(const Status& s) { return s.cause() == MakeCause(Condition::kStaleHandle); }
 
 Status Connection::Reconnect() {
   std::string path = export_path;
@@ -176,8 +205,7 @@ Status Connection::EnsureConnected() {
             " ms after that");
   Status s = Reconnect();
   // A refused connection (a server restarting) costs nothing to retry.
-  if (s.code() == Code::kUnavailable && Classify(-EIO, s.message().c_str()) == Kind::kTimeout)
-    StartQuiet(s.message());
+  if (s.cause() == std::errc::timed_out) StartQuiet(s.message());
   return s.WithContext("reconnecting after a failed connection to " + uri);
 }
 
@@ -200,7 +228,8 @@ Connection::Kind Connection::Classify(int rc, const char* detail) {
   // (EINTR); nothing here cancels calls.
   if (err == ETIMEDOUT || says("timed out") || (err == EINTR && says("cancelled")))
     return Kind::kTimeout;
-  // (libnfs 4.0 reports NFS4ERR_STALE as EIO.)
+  // libnfs gives an NFSv4 status only in its error text (and as EIO).
+  if (says("NFS4ERR_EXPIRED") || says("NFS4ERR_STALE_CLIENTID")) return Kind::kClientExpired;
   if (err == ESTALE || (err == EIO && says("NFS4ERR_STALE("))) return Kind::kStale;
   // libnfs reports a broken connection (an RPC that failed in transport,
   // a socket error, a reply it could not decode) as EFAULT, or as EIO
@@ -224,7 +253,10 @@ Status Connection::ErrorOn(struct nfs_context* on, int rc, const std::string& wh
                                        std::to_string(options.timeout.count()) + " ms");
     if (on == ctx) StartQuiet(s.message());  // (a lock's own connection: not the data's)
   } else if (kind == Kind::kStale) {
-    return Status(Code::kUnavailable, msg + ": " + kStaleHandle);
+    const std::error_code cause = MakeCause(Condition::kStaleHandle);
+    return Status(Code::kUnavailable, msg + ": " + cause.message()).WithCause(cause);
+  } else if (kind == Kind::kClientExpired) {
+    s = ErrnoToStatus(err, msg).WithCause(MakeCause(Condition::kClientExpired));
   } else if (kind == Kind::kTransport) {
     s = Status(Code::kUnavailable, msg + ": the connection to the server failed (" +
                                        std::strerror(err) +

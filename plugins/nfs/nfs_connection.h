@@ -118,10 +118,11 @@ class Connection {
   ~Connection();
 
   // NFSv4 servers forget a client whose lease ran out (no call for a lease
-  // time: an idle trainer between checkpoints). Whether `s` says so.
+  // time: an idle trainer between checkpoints). Whether that caused `s`
+  // (its Status::cause, set by ErrorOn).
   static bool ClientExpired(const Status& s);
-  // Whether `s` is an NFS STALE error: the only error after which a call is
-  // looked up again and retried.
+  // Whether `s` is an NFS STALE error (its cause, set by ErrorOn): the only
+  // error after which a call is looked up again and retried.
   static bool Stale(const Status& s);
   // A new connection under a new client identity (callers hold mu). Objects
   // opened on the old one keep it (and fail if the server forgot it).
@@ -149,7 +150,7 @@ class Connection {
 
   // A Status for libnfs result `rc` (-errno) of `what`.
   Status Error(int rc, const std::string& what) const { return ErrorOn(ctx, rc, what); }
-  enum class Kind { kTimeout, kStale, kTransport, kOther };
+  enum class Kind { kTimeout, kStale, kClientExpired, kTransport, kOther };
   // What libnfs result `rc` (-errno) with error text `detail` means.
   static Kind Classify(int rc, const char* detail);
   // (`text`: libnfs's text for the error, if not the connection's last.)

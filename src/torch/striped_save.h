@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "ckptio/export.h"
 #include "ckptio/status.h"
 
 namespace ckptio::internal {
@@ -17,9 +18,9 @@ std::string StripeGoName(const std::string& attempt);
 std::string StripeReceiptName(const std::string& attempt, int r);
 
 // A rank's failure, as it travels in place of a receipt or a go-ahead.
-std::string ErrorPayload(const Status& s);
+CKPTIO_EXPORT_PRIVATE std::string ErrorPayload(const Status& s);
 // The failure `payload` holds (a Status from ErrorPayload), or nullopt.
-std::optional<Status> PayloadError(const std::string& payload);
+CKPTIO_EXPORT_PRIVATE std::optional<Status> PayloadError(const std::string& payload);
 
 }  // namespace ckptio::internal
 

@@ -11,8 +11,11 @@ std::atomic<bool> refusing{false};
 std::atomic<int> refusals{0};
 }  // namespace
 
-extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attr, void* (*start)(void*),
-                              void* arg) {
+// Visible (the build hides symbols by default): the libraries' calls must
+// find this definition before libc's.
+extern "C" [[gnu::visibility("default")]] int pthread_create(pthread_t* thread,
+                                                             const pthread_attr_t* attr,
+                                                             void* (*start)(void*), void* arg) {
   using Create = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
   static const Create real = reinterpret_cast<Create>(::dlsym(RTLD_NEXT, "pthread_create"));
   if (refusing.load()) {

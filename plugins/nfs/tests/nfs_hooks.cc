@@ -144,6 +144,9 @@ int Counted(std::atomic<int>& in_flight, std::atomic<int>& most, nfs_cb cb, void
 }  // namespace
 }  // namespace nfs_hooks
 
+// Visible (the build hides symbols by default): the backend's calls must
+// find these definitions before libnfs's.
+#pragma GCC visibility push(default)
 extern "C" {
 int nfs_rename(struct nfs_context* n, const char* a, const char* b) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::rename)) return h(n, a, b);
@@ -211,3 +214,4 @@ int nfs_fstat64(struct nfs_context* n, struct nfsfh* fh, struct nfs_stat_64* st)
   return nfs_hooks::RealFstat(n, fh, st);
 }
 }  // extern "C"
+#pragma GCC visibility pop

@@ -105,6 +105,34 @@ TEST_P(NfsBackendFaults, ABrokenConnectionIsUnavailableAndNotRetried) {
   EXPECT_EQ(calls.load(), 1) << "a transport error was retried: " << info.status();
 }
 
+// An NFSv4 server that forgot this client (its lease ran out while the
+// trainer was idle) answers NFS4ERR_EXPIRED: v4 reconnects under a new
+// client identity and the call goes through; the same text from a v3
+// server means nothing of the kind, and the error is returned, not retried.
+TEST_P(NfsBackendFaults, AnExpiredV4ClientReconnectsAndTheCallGoesThrough) {
+  ASSERT_TRUE(Put(*backend_, "obj", "bytes").ok());
+  std::atomic<int> calls{0};
+  Result<ObjectInfo> info = Status(Code::kInternal, "unset");
+  {
+    nfs_hooks::Hooks h;
+    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+      if (!std::strstr(path, "/obj") || ++calls > 1) return 1;  // 1: the real call
+      return nfs_hooks::Fail(n, -EIO, "GETATTR failed with NFS4ERR_EXPIRED(-10011)");
+    };
+    nfs_hooks::Scope scope(h);
+    info = backend_->Stat("obj");
+  }
+  if (GetParam() == 4) {
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->size, 5u);
+    EXPECT_EQ(calls.load(), 2);
+  } else {
+    ASSERT_FALSE(info.ok());
+    EXPECT_EQ(info.status().code(), Code::kUnavailable) << info.status();
+    EXPECT_EQ(calls.load(), 1) << info.status();
+  }
+}
+
 // libnfs 4.0 fails an NFSv3 READ of a file replaced since it was opened
 // (or one the server refused) with EFAULT, as it does a broken connection; GETATTR on the handle
 // tells which. A small object replaced between OPEN and READ is opened again (an NFS client must

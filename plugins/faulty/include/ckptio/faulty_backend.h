@@ -26,10 +26,11 @@
 #include <vector>
 
 #include "ckptio/backend.h"
+#include "ckptio/export.h"
 
 namespace ckptio {
 
-struct FaultPlan {
+struct CKPTIO_EXPORT FaultPlan {
   int64_t fail_at = -1;      // fail only operation #fail_at (0-based)
   int fail_errno = 5;        // EIO; ENOSPC, EDQUOT, EINTR ... as ErrnoToStatus maps them
   bool short_write = false;  // at fail_at, an Append passes half its bytes on, then fails
@@ -38,7 +39,7 @@ struct FaultPlan {
   uint64_t seed = 1;         // ...drawn from this seed
 };
 
-class FaultyBackend : public StorageBackend {
+class CKPTIO_EXPORT FaultyBackend : public StorageBackend {
  public:
   FaultyBackend(std::shared_ptr<StorageBackend> inner, FaultPlan plan);
   ~FaultyBackend() override;
@@ -72,12 +73,12 @@ class FaultyBackend : public StorageBackend {
 };
 
 // Registers "faulty+<scheme>" for every scheme already in `registry`.
-Status RegisterFaultyBackends(BackendRegistry& registry);
+CKPTIO_EXPORT Status RegisterFaultyBackends(BackendRegistry& registry);
 
 // Every built-in backend (BuiltinBackends()) and "faulty+" over each, for
 // tests and the benchmark; the registry users link has no faulty+ schemes.
 // Built once, on first use; thread-safe.
-const BackendRegistry& BackendsWithFaults();
+CKPTIO_EXPORT const BackendRegistry& BackendsWithFaults();
 
 }  // namespace ckptio
 

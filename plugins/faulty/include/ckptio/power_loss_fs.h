@@ -30,20 +30,21 @@
 #include <utility>
 #include <vector>
 
+#include "ckptio/export.h"
 #include "ckptio/posix_backend.h"
 
 namespace ckptio {
 
 enum class PowerLossMode { kDrop, kGarble };
 
-struct PowerLossReport {
+struct CKPTIO_EXPORT PowerLossReport {
   int undone_entries = 0;  // directory changes rolled back
   int kept_entries = 0;    // unsynced directory changes kept (kGarble)
   int files_cut = 0;       // files that lost (or garbled) unsynced bytes
   uint64_t bytes_dropped = 0;
 };
 
-class PowerLossFs : public PosixFs {
+class CKPTIO_EXPORT PowerLossFs : public PosixFs {
  public:
   // `scratch` is an empty or missing directory on the same file system as
   // the store (it holds hard links to removed files, to bring them back).

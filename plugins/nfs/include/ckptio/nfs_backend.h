@@ -68,8 +68,8 @@
 // and reader, taken one RPC (or a few) at a time in arrival order: a large
 // Append goes a WRITE at a time (v4: a batch of 64) and a large ReadAt 16
 // READs of up to 1 MiB, 2 in flight, per turn (4 MiB of smaller ones where
-// a v4 server reads less), so other calls never wait for a whole object. v3 lease renewals, and each v4 lock, have
-// a connection of their own.
+// a v4 server reads less), so other calls never wait for a whole object. v3 lease renewals, and
+// each v4 lock, have a connection of their own.
 #ifndef CKPTIO_NFS_BACKEND_H_
 #define CKPTIO_NFS_BACKEND_H_
 
@@ -78,10 +78,11 @@
 #include <string>
 
 #include "ckptio/backend.h"
+#include "ckptio/export.h"
 
 namespace ckptio {
 
-struct NfsOptions {
+struct CKPTIO_EXPORT NfsOptions {
   std::string server;  // host name or address
   std::string path;    // absolute: export + folder inside it
   int version = 3;     // 3 or 4
@@ -94,13 +95,13 @@ struct NfsOptions {
 };
 
 // Parses nfs:// URIs (see above) into options.
-Result<NfsOptions> ParseNfsUri(const Uri& uri);
+CKPTIO_EXPORT Result<NfsOptions> ParseNfsUri(const Uri& uri);
 
 // Connects and mounts. Unavailable (naming the server) if it cannot.
-Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions options);
+CKPTIO_EXPORT Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions options);
 
 // Registers "nfs" in `registry`.
-Status RegisterNfsBackend(BackendRegistry& registry);
+CKPTIO_EXPORT Status RegisterNfsBackend(BackendRegistry& registry);
 
 }  // namespace ckptio
 

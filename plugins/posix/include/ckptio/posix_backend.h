@@ -38,6 +38,7 @@
 #include <string_view>
 
 #include "ckptio/backend.h"
+#include "ckptio/export.h"
 
 namespace ckptio {
 
@@ -47,7 +48,7 @@ namespace ckptio {
 // see plugins/faulty's PowerLossFs and SyncPointFs (test-only). Each returns
 // like the call it names (-1 with errno set on failure). The default
 // forwards to the kernel.
-class PosixFs {
+class CKPTIO_EXPORT PosixFs {
  public:
   virtual ~PosixFs() = default;
   virtual int OpenAt(int dirfd, const char* name, int flags, mode_t mode);
@@ -60,7 +61,7 @@ class PosixFs {
   virtual int UnlinkAt(int dirfd, const char* name, int flags);
 };
 
-struct PosixBackendOptions {
+struct CKPTIO_EXPORT PosixBackendOptions {
   // The system-call layer; null means the kernel's.
   std::shared_ptr<PosixFs> fs;
 };
@@ -69,16 +70,16 @@ struct PosixBackendOptions {
 // SMB/CIFS, FUSE, 9P, CephFS, AFS, Coda, NCP, Lustre, GPFS, BeeGFS,
 // OrangeFS), on which ObjectReader::Map() refuses to map: a file deleted by
 // another client goes stale under a map, and touching it raises SIGBUS.
-bool IsNetworkFileSystem(uint64_t f_type);
+CKPTIO_EXPORT bool IsNetworkFileSystem(uint64_t f_type);
 
 // A backend rooted at `root` (absolute, or relative to the current
 // directory). The root is created on the first write or lock.
-Result<std::unique_ptr<StorageBackend>> NewPosixBackend(std::string root,
-                                                        PosixBackendOptions options = {});
+CKPTIO_EXPORT Result<std::unique_ptr<StorageBackend>> NewPosixBackend(
+    std::string root, PosixBackendOptions options = {});
 
 // Registers "file" (file:///abs/path, file://localhost/abs/path and plain
 // paths) in `registry`.
-Status RegisterPosixBackend(BackendRegistry& registry);
+CKPTIO_EXPORT Status RegisterPosixBackend(BackendRegistry& registry);
 
 }  // namespace ckptio
 
