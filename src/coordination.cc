@@ -363,7 +363,8 @@ class FileCoordinator : public Coordinator {
                                       Field(last, "host") + ", pid " + Field(last, "pid") + ") " +
                                       why +
                                       "; the newest committed checkpoint is intact: restart the "
-                                      "job to resume from it");
+                                      "job to resume from it")
+        .WithCause(Cause::kWriterDied);
   }
 
   // A decision record may carry a stripe receipt, which lists every chunk

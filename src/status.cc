@@ -73,6 +73,19 @@ void DieOfBadAccess(const Status& status) {
 }
 }  // namespace internal
 
+const std::error_category& CauseCategory() {
+  class Category final : public std::error_category {
+   public:
+    const char* name() const noexcept override { return "ckptio"; }
+    std::string message(int c) const override {
+      return static_cast<Cause>(c) == Cause::kWriterDied ? "the writer (rank 0) died"
+                                                         : "unknown ckptio cause";
+    }
+  };
+  static const Category category;
+  return category;
+}
+
 Status Status::FromPeer() const {
   Status copy = *this;
   copy.origin_ = Origin::kPeer;

@@ -64,6 +64,7 @@ TEST(FileCoordinatorTest, RankZeroGoneBeforeItsFirstDecisionEndsTheWaitAtOnce) {
   auto gone = rank1->WaitFor("test-load-2", milliseconds(5000));
   EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << "waited for the deadline";
   EXPECT_EQ(gone.status().code(), Code::kAborted) << gone.status();
+  EXPECT_EQ(gone.status().cause(), Cause::kWriterDied) << gone.status();
   EXPECT_NE(gone.status().message().find("writer died before publishing its decision "
                                          "\"test-load-2\""),
             std::string::npos)

@@ -200,6 +200,7 @@ TEST(FileCoordinatorTest, RankZeroHoldsTheSaveLockFromItsFirstSaveAndWaitersOnly
   rank0.reset();  // gone between saves: the lock goes with it
   auto gone = rank1->PollSaved(2, AttemptOf(2));
   EXPECT_EQ(gone.status().code(), Code::kAborted) << gone.status();
+  EXPECT_EQ(gone.status().cause(), Cause::kWriterDied) << gone.status();
   EXPECT_NE(gone.status().message().find("writer died before committing step 2"), std::string::npos)
       << gone.status();
   EXPECT_NE(gone.status().message().find("before it began this save"), std::string::npos)

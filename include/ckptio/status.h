@@ -107,6 +107,16 @@ class [[nodiscard]] CKPTIO_EXPORT Status {
   std::error_code cause_;
 };
 
+// Causes ckptio itself gives a Status (category "ckptio"), compared as
+// `status.cause() == ckptio::Cause::kWriterDied`.
+enum class Cause {
+  // A waiting rank saw rank 0 die (or close its Checkpointer) before it
+  // committed or decided: ABORTED, "writer died before ...".
+  kWriterDied = 1,
+};
+CKPTIO_EXPORT const std::error_category& CauseCategory();
+inline std::error_code make_error_code(Cause c) { return {static_cast<int>(c), CauseCategory()}; }
+
 inline Status OkStatus() { return Status(); }
 CKPTIO_EXPORT std::ostream& operator<<(std::ostream& os, const Status& s);
 
@@ -191,5 +201,8 @@ class [[nodiscard]] Result {
   if (!tmp.ok()) return tmp.status();                  \
   lhs = std::move(tmp).value()
 // NOLINTEND(bugprone-macro-parentheses)
+
+template <>
+struct std::is_error_code_enum<ckptio::Cause> : std::true_type {};
 
 #endif  // CKPTIO_STATUS_H_

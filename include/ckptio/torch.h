@@ -72,6 +72,9 @@ namespace internal {
 struct C10dStoreHandle;
 }  // namespace internal
 
+// A module's parameters and buffers by their dotted names ("fc1.weight").
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
 // A named piece of state (names unique; module and optimizer names: 1-160 of
 // [A-Za-z0-9._-], no leading '.'). Holds a reference: the object must outlive.
 class CKPTIO_EXPORT StateItem {
@@ -87,10 +90,21 @@ class CKPTIO_EXPORT StateItem {
       : name_(std::move(name)), kind_(Kind::kOptimizer), optimizer_(&optimizer) {}
   StateItem(std::string name, torch::Tensor& tensor)
       : name_(std::move(name)), kind_(Kind::kTensor), tensor_(&tensor) {}
+  // A module given by its tensors rather than as a torch::nn::Module (the
+  // Python package passes a torch.nn.Module's state_dict(keep_vars=True)
+  // this way): saved and loaded exactly as a module holding them, and
+  // interchangeable with one on disk; a load fills these tensors (in place
+  // where it can, as a module's).
+  StateItem(std::string name, NamedTensors tensors)
+      : name_(std::move(name)), kind_(Kind::kModule), named_(std::move(tensors)) {}
 
   const std::string& name() const { return name_; }
   Kind kind() const { return kind_; }
-  torch::nn::Module& module() const { return *module_; }
+  // A module's parameters and buffers (kModule): the module's, or the
+  // tensors it was given as.
+  NamedTensors module_tensors() const;
+  // The module (kModule items made from one; null for NamedTensors).
+  torch::nn::Module* module() const { return module_; }
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
   torch::Tensor& tensor() const { return *tensor_; }
 
@@ -100,6 +114,7 @@ class CKPTIO_EXPORT StateItem {
   torch::nn::Module* module_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
   torch::Tensor* tensor_ = nullptr;
+  NamedTensors named_;
 };
 
 // What a checkpoint holds: named modules, optimizers and tensors, plus
@@ -126,6 +141,8 @@ class CKPTIO_EXPORT MapLocation {
   // "cpu", "cuda", "cuda:1"; InvalidArgument at Resolve if unparsable.
   static MapLocation To(const std::string& device);
   // Maps the device a tensor was saved from ("cuda:0", "cpu") to a target.
+  // A function that throws fails the load (INVALID_ARGUMENT, with its
+  // message) before anything of the state changed.
   static MapLocation With(std::function<torch::Device(const std::string& saved)> fn);
 
   // The target for a tensor saved from `saved`; "cuda" without an index is
@@ -198,9 +215,22 @@ struct CKPTIO_EXPORT CheckpointerOptions {
   uint64_t max_staging_bytes = uint64_t{4} << 30;
 };
 
+struct LoadResult;
+
 struct CKPTIO_EXPORT LoadOptions {
   std::optional<int64_t> step;  // nullopt: the newest step that verifies
   MapLocation map_location = MapLocation::Auto();
+  // Also load every named tensor of the step that no item of the State
+  // names (through map_location), into LoadResult::tensors: what the
+  // Python package rebuilds nested state from.
+  bool other_tensors = false;
+  // Called once the step is verified and staged, before anything of the
+  // State changes, with the step's metadata and the LoadResult to be;
+  // a non-OK return fails the load with that status, nothing changed. (The
+  // Python package checks there that the step fits its objects.)
+  std::function<Status(const std::map<std::string, std::string>& metadata,
+                       const LoadResult& result)>
+      before_apply;
 };
 
 // What a Load did. A failed Load is an error (Result's status), never a
@@ -213,6 +243,9 @@ struct CKPTIO_EXPORT LoadResult {
   // Newer steps that failed verification and were skipped, with the reason
   // (the same on every rank).
   std::vector<std::pair<int64_t, std::string>> skipped;
+  // With LoadOptions::other_tensors: the step's named tensors that no item
+  // of the State took, by name.
+  std::map<std::string, torch::Tensor> tensors;
 
   // Where training resumes: the step after the one loaded, 0 on a fresh start.
   int64_t next_step() const { return step ? *step + 1 : 0; }

@@ -318,8 +318,10 @@ Result<LoadResult> Checkpointer::Impl::Load(State& state, const LoadOptions& opt
   }
   Staged staged;
   Status s = Guard(what, [&]() -> Status {
-    CKPTIO_ASSIGN_OR_RETURN(staged, Stage(*opened, state, options.map_location, rank_));
-    return OkStatus();
+    CKPTIO_ASSIGN_OR_RETURN(
+        staged, Stage(*opened, state, options.map_location, rank_, options.other_tensors));
+    decided->tensors = std::move(staged.other_tensors);
+    return options.before_apply ? options.before_apply(staged.metadata, *decided) : OkStatus();
   });
   if (!s.ok() && s.code() == Code::kNotFound && rank_.rank != 0 &&
       store_->OpenStep(step).status().code() == Code::kNotFound)

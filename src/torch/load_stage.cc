@@ -137,8 +137,8 @@ Status StageTensors(OpenedStep& opened, const std::string& object, const std::st
 
 }  // namespace
 
-Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
-                     const RankInfo& rank) {
+Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, const RankInfo& rank,
+                     bool other_tensors) {
   CheckpointReader& reader = *opened.reader;
   Staged staged;
   const auto& meta = reader.manifest().metadata;
@@ -150,8 +150,9 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
   // (unless that is a module's, one named "tensors").
   std::map<std::string, const TensorEntry*> loose_saved;
   if (kind_of("tensors") != "module" &&
-      std::any_of(state.items.begin(), state.items.end(),
-                  [](const StateItem& i) { return i.kind() == StateItem::Kind::kTensor; }))
+      (other_tensors || std::any_of(state.items.begin(), state.items.end(), [](const StateItem& i) {
+         return i.kind() == StateItem::Kind::kTensor;
+       })))
     for (const auto& t : reader.manifest().tensors)
       if (StripeBaseObject(reader.manifest(), t.object) == kTensorsObject) loose_saved[t.name] = &t;
   std::vector<std::pair<torch::Tensor*, const TensorEntry*>> loose;
@@ -167,7 +168,7 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
     switch (item.kind()) {
       case StateItem::Kind::kModule: {
         if (kind != "module") return Status(Code::kInvalidArgument, missing);
-        auto live = ModuleTensors(item.module());
+        auto live = item.module_tensors();
         std::vector<StagedTensor> loaded;
         CKPTIO_RETURN_IF_ERROR(Guard("loading module " + name, [&] {
           return StageTensors(opened, ModuleObject(name), "module " + name, live, map, rank,
@@ -208,18 +209,26 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
       }
     }
   }
-  if (!loose.empty()) {
+  if (!loose.empty() || (other_tensors && !loose_saved.empty())) {
     // Loose tensors take the saved shape and dtype, whatever the target
     // held before (like torch::load of a tensor).
     CKPTIO_RETURN_IF_ERROR(opened.View(kTensorsObject).status());
+    auto load = [&](const TensorEntry& entry) -> Result<torch::Tensor> {
+      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(entry.device, rank));
+      CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(entry.object));
+      return TensorFromView(view, entry, device);
+    };
     for (const auto& [target, entry] : loose) {
-      CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(entry->device, rank));
-      CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(entry->object));
-      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, TensorFromView(view, *entry, device));
+      CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, load(*entry));
       if (std::string why = WhyNotApplicable(*target, t, /*named=*/true); !why.empty())
         return Status(Code::kInvalidArgument, "tensor \"" + entry->name + "\" " + why);
       staged.tensors.emplace_back(target, t);
+      loose_saved.erase(entry->name);
     }
+    if (other_tensors)
+      for (const auto& [name, entry] : loose_saved) {
+        CKPTIO_ASSIGN_OR_RETURN(staged.other_tensors[name], load(*entry));
+      }
   }
   for (const auto& [key, value] : meta)
     if (key.rfind(kUserPrefix, 0) == 0) staged.metadata[key.substr(sizeof kUserPrefix - 1)] = value;

@@ -75,6 +75,7 @@ struct Staged {
   };
   std::vector<Optimizer> optimizers;
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> tensors;
+  std::map<std::string, torch::Tensor> other_tensors;  // LoadOptions::other_tensors
   std::map<std::string, std::string> metadata;
 };
 
@@ -82,10 +83,11 @@ struct Staged {
 // item found under its kind; a module's tensors verified, each with the
 // module's dtype and shape, on the device `map` gives it; an optimizer's
 // verified archive and the device its state goes to; the named tensors
-// (which take the saved dtype and shape); the user metadata. Refuses what
-// Apply could not put in (WhyNotApplicable).
-Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map,
-                     const RankInfo& rank);
+// (which take the saved dtype and shape); with `other_tensors`, every other
+// named tensor of the step; the user metadata. Refuses what Apply could not
+// put in (WhyNotApplicable).
+Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, const RankInfo& rank,
+                     bool other_tensors = false);
 
 // "[90, 4]": a shape, for messages.
 std::string ShapeStr(const std::vector<int64_t>& s);

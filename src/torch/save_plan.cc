@@ -25,7 +25,7 @@ SavePlan Plan(const State& state) {
       case StateItem::Kind::kModule: {
         plan.metadata[kItemPrefix + name] = "module";
         SavePlan::TensorObject to{"module " + name, ModuleObject(name), {}, {}};
-        add(to, ModuleTensors(item.module()));
+        add(to, item.module_tensors());
         plan.tensor_objects.push_back(std::move(to));
         break;
       }

@@ -15,6 +15,16 @@ std::vector<std::pair<std::string, torch::Tensor>> ModuleTensors(const torch::nn
   return out;
 }
 
+}  // namespace ckptio::internal
+
+namespace ckptio {
+NamedTensors StateItem::module_tensors() const {
+  return module_ ? internal::ModuleTensors(*module_) : named_;
+}
+}  // namespace ckptio
+
+namespace ckptio::internal {
+
 std::string DeviceOf(const torch::optim::Optimizer& o) {
   for (const auto& group : o.param_groups())
     for (const auto& p : group.params())

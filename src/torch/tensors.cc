@@ -327,8 +327,19 @@ MapLocation MapLocation::To(const std::string& device) {
 MapLocation MapLocation::With(std::function<torch::Device(const std::string& saved)> fn) {
   MapLocation m;
   m.fn_ = [fn = std::move(fn)](const std::string& saved, const RankInfo&) -> Result<torch::Device> {
-    torch::Device d = fn(saved);
-    return Checked(d, d.str());
+    // The caller's function may throw (a bad device string): an error of
+    // the load, before anything of the state changed.
+    std::optional<torch::Device> d;
+    try {
+      d = fn(saved);
+    } catch (const c10::Error& e) {
+      return internal::TorchErrorToStatus(e, "map_location of \"" + saved + "\"",
+                                          Code::kInvalidArgument);
+    } catch (const std::exception& e) {
+      return Status(Code::kInvalidArgument,
+                    "map_location of \"" + saved + "\" failed: " + std::string(e.what()));
+    }
+    return Checked(*d, d->str());
   };
   return m;
 }

@@ -122,6 +122,97 @@ TEST(TorchStateTest, ModuleOptimizerAndMetadataRoundTrip) {
 
 // The safetensors header is written as text: names that JSON must escape,
 // a 0-d tensor and a name clashing with "__metadata__" or not UTF-8.
+// A module given as its named tensors (how the Python package passes a
+// torch.nn.Module) is the same on disk as a torch::nn::Module: each loads
+// the other's step, in place, by parameter name, and strictly.
+TEST(TorchStateTest, NamedTensorsAndAModuleAreInterchangeable) {
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::manual_seed(3);
+  torch::nn::Linear saved_module(4, 3);
+  CKPTIO_ASSERT_OK(ckpt->Save(1, State{{"model", saved_module}}));
+
+  torch::Tensor weight = torch::zeros({3, 4}), bias = torch::zeros({3});
+  const void* weight_memory = weight.data_ptr();
+  State as_tensors;
+  as_tensors.items.emplace_back("model", NamedTensors{{"weight", weight}, {"bias", bias}});
+  auto got = ckpt->Load(as_tensors);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(BitEqual(weight, saved_module->weight));
+  EXPECT_TRUE(BitEqual(bias, saved_module->bias));
+  EXPECT_EQ(weight.data_ptr(), weight_memory) << "not filled in place";
+
+  weight.fill_(7);
+  CKPTIO_ASSERT_OK(ckpt->Save(2, as_tensors));
+  torch::nn::Linear loaded_module(4, 3);
+  State as_module{{"model", loaded_module}};
+  got = ckpt->Load(as_module);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got->step, 2);
+  EXPECT_TRUE(BitEqual(loaded_module->weight, weight));
+
+  // Strict: a name the step lacks, or one it has that the tensors lack.
+  State missing;
+  missing.items.emplace_back("model", NamedTensors{{"weight", weight}});
+  got = ckpt->Load(missing);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("lacks"), std::string::npos) << got.status();
+  State extra;
+  extra.items.emplace_back(
+      "model",
+      NamedTensors{{"weight", weight}, {"bias", bias}, {"running_mean", torch::zeros({3})}});
+  got = ckpt->Load(extra);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("running_mean"), std::string::npos) << got.status();
+}
+
+// other_tensors brings the named tensors no item names; before_apply sees
+// them and the metadata once everything is verified, and a refusal there
+// fails the load with nothing of the state changed.
+TEST(TorchStateTest, OtherTensorsAndACheckBeforeAnythingChanges) {
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::nn::Linear saved_module(2, 2);
+  torch::Tensor a = torch::arange(3), b = torch::ones({2, 2});
+  State saved{{"model", saved_module}, {"a", a}, {"opt/state/0", b}};
+  saved.metadata["tree"] = "{}";
+  CKPTIO_ASSERT_OK(ckpt->Save(1, saved));
+
+  torch::nn::Linear module(2, 2);
+  torch::nn::init::zeros_(module->weight);
+  torch::Tensor a_target;
+  State load{{"model", module}, {"a", a_target}};
+  LoadOptions o;
+  o.other_tensors = true;
+  std::map<std::string, std::string> seen_metadata;
+  std::vector<std::string> seen_tensors;
+  o.before_apply = [&](const std::map<std::string, std::string>& metadata, const LoadResult& r) {
+    seen_metadata = metadata;
+    for (const auto& [name, t] : r.tensors) seen_tensors.push_back(name);
+    return Status(Code::kInvalidArgument, "the optimizer has 3 groups, the step 1");
+  };
+  auto got = ckpt->Load(load, o);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("3 groups"), std::string::npos) << got.status();
+  EXPECT_EQ(seen_metadata, (std::map<std::string, std::string>{{"tree", "{}"}}));
+  EXPECT_EQ(seen_tensors, std::vector<std::string>{"opt/state/0"});
+  EXPECT_TRUE(BitEqual(module->weight, torch::zeros({2, 2}))) << "changed despite the refusal";
+  EXPECT_FALSE(a_target.defined());
+  EXPECT_TRUE(load.metadata.empty());
+
+  o.before_apply = nullptr;
+  got = ckpt->Load(load, o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->tensors.size(), 1u);
+  EXPECT_TRUE(BitEqual(got->tensors.at("opt/state/0"), b));
+  EXPECT_TRUE(BitEqual(a_target, a));
+  EXPECT_TRUE(BitEqual(module->weight, saved_module->weight));
+  // Without the option, only what the State names.
+  got = ckpt->Load(load);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->tensors.empty());
+}
+
 TEST(TorchStateTest, TensorNamesAreEscapedInTheSafetensorsHeader) {
   TempDir dir;
   const std::vector<std::string> names = {"quote\"d",   "back\\slash", "tab\there",
@@ -450,6 +541,27 @@ class MapLocationTest : public ::testing::Test {
   TempDir dir_;
   torch::Tensor weight_;
 };
+
+// A mapping function that throws (a device string LibTorch cannot parse,
+// or the caller's own exception) fails the load before the state changes.
+TEST_F(MapLocationTest, AFunctionThatThrowsFailsTheLoadAndChangesNothing) {
+  auto ckpt = OpenCkpt(dir_.Sub("store"));
+  for (int how = 0; how < 2; ++how) {
+    One m;
+    State s{{"model", m}};
+    LoadOptions o;
+    o.map_location = MapLocation::With([&](const std::string&) -> torch::Device {
+      if (how == 0) return torch::Device("not-a-device:7");  // c10::Error
+      throw std::runtime_error("no rule for this device");
+    });
+    auto got = ckpt->Load(s, o);
+    EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status();
+    EXPECT_NE(got.status().message().find(how == 0 ? "not-a-device" : "no rule for this device"),
+              std::string::npos)
+        << got.status();
+    EXPECT_TRUE(BitEqual(m.weight, torch::zeros({4, 4})));
+  }
+}
 
 TEST_F(MapLocationTest, AFunctionSeesTheSavedDeviceAndPicksTheTarget) {
   One m;
