@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev               # LibTorch 1.13 with c10d (TCPStore, Gloo)
   python3-torch                          # interop checks: stock torch.load of exports
+  python3-dev pybind11-dev python3-pytest # the Python package and its tests
   openmpi-bin libopenmpi-dev             # the DDP demo also runs under mpirun
   clang libclang-rt-14-dev               # libFuzzer targets (tools/fuzz.sh)
   libnfs-dev                             # the nfs:// backend (user-space NFSv3/v4)

@@ -1,0 +1,82 @@
+"""Real processes as the ranks of a job (the launcher's environment, and
+torch.distributed with Gloo for the c10d store): in each wait mode rank 1
+returns from save only once rank 0 committed, and both load the same step;
+a rank 0 that dies is seen by the waiting rank as WriterDiedError."""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+WORKER = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    import torch.distributed as dist
+    import ckptio
+
+    wait, store, scenario = sys.argv[1:4]
+    rank = int(os.environ["RANK"])
+    if wait == "store":
+        dist.init_process_group("gloo")
+    ckpt = ckptio.Checkpointer(store, wait=wait, timeout=60)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    state = {"model": model, "epoch": 1}
+    if scenario == "die":
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            ckpt.save(1, state)
+        except ckptio.WriterDiedError as e:
+            print("WRITER DIED:", e)
+            sys.exit(0)
+        sys.exit("rank 1 saved although rank 0 died")
+    ckpt.save(1, state)
+    # Rank 1 returned: the step is committed, whatever rank 0 does now.
+    assert os.path.exists(os.path.join(store, "step-000000000001", "MANIFEST.json"))
+    other = torch.nn.Linear(4, 4)
+    got = {"model": other, "epoch": 0}
+    assert ckpt.load(got) == 1, "no step"
+    assert got["epoch"] == 1 and torch.equal(other.weight, model.weight)
+    print("RANK", rank, "OK")
+""")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(tmp_path, wait, scenario, world=2):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    store = str(tmp_path / "store")
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   CKPTIO_JOB_ID=f"pytest-{tmp_path.name}")
+        procs.append(subprocess.Popen([sys.executable, str(script), wait, store, scenario],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        outs.append((p.returncode, out))
+    return outs
+
+
+@pytest.mark.parametrize("wait", ["file-lock", "manifest", "store"])
+def test_the_waiting_rank_returns_after_the_commit_and_both_load_it(tmp_path, wait):
+    for rank, (rc, out) in enumerate(run_ranks(tmp_path, wait, "ok")):
+        assert rc == 0 and f"RANK {rank} OK" in out, f"rank {rank}:\n{out}"
+
+
+def test_a_dead_rank_0_is_a_writer_died_error_on_the_waiting_rank(tmp_path):
+    (rc0, out0), (rc1, out1) = run_ranks(tmp_path, "file-lock", "die")
+    assert rc0 == -9, out0
+    assert rc1 == 0 and "WRITER DIED" in out1, out1
