@@ -10,8 +10,8 @@
 # (no NFS server in the chroot; they do not touch LibTorch). The chroot is
 # made once with debootstrap and kept, with its ccache and build tree, in
 # $CKPTIO_TORCH2_ROOT (default /var/cache/ckptio/trixie); later runs only
-# copy the tree in (tracked and untracked files, modification times kept)
-# and rebuild what changed. Needs root and the Debian mirror
+# copy in what changed of the tree (tracked and untracked files) and
+# rebuild that. Needs root and the Debian mirror
 # ($CKPTIO_DEBIAN_MIRROR); exits 77 when it cannot run here.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -72,12 +72,26 @@ fi
 echo "torch2-check: LibTorch $(in_chroot dpkg-query -W -f='${Version}' libtorch-dev)," \
   "$(in_chroot g++ --version | head -1)"
 
-# The tree, as it is now (what git would commit, plus untracked files).
-rm -rf --one-file-system "$CHROOT/work/ckptio"
-mkdir -p "$CHROOT/work/ckptio"
+# The tree, as it is now (what git would commit, plus untracked files),
+# copied over the last run's: a file whose content changed gets a new
+# modification time, the others keep theirs, so ninja rebuilds exactly what
+# changed. (Keeping the source's times instead can leave an edit older than
+# the objects an earlier, longer run built from the content before it.)
+stage=$CHROOT/work/ckptio.new dest=$CHROOT/work/ckptio
+rm -rf --one-file-system "$stage"
+mkdir -p "$stage" "$dest"
 (cd "$ROOT" && git -c safe.directory="$ROOT" ls-files -co --exclude-standard -z |
   tar --null -T - -cf -) |
-  tar -C "$CHROOT/work/ckptio" -xf -
+  tar -C "$stage" -xf -
+(cd "$stage" && find . -type f -print0) | while IFS= read -r -d '' f; do
+  cmp -s "$stage/$f" "$dest/$f" && continue
+  mkdir -p "$(dirname "$dest/$f")"
+  cp --preserve=mode "$stage/$f" "$dest/$f"
+done
+(cd "$dest" && find . -type f -print0) | while IFS= read -r -d '' f; do
+  [ -e "$stage/$f" ] || rm -f "$dest/$f"
+done
+rm -rf --one-file-system "$stage"
 
 in_chroot env CCACHE_DIR=/root/.ccache CCACHE_BASEDIR=/work/ckptio CCACHE_NOHASHDIR=true \
   CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime bash -c '
