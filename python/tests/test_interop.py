@@ -20,6 +20,17 @@ def tool(name):
     return path
 
 
+def expect_exported_module(store, step, model, tmp_path):
+    """`ckptio export` of `step` holds `model`'s tensors under "model"."""
+    exported = tmp_path / "exported.pt"
+    out = subprocess.run([tool("ckptio"), "export", store, str(step), "-o", str(exported)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    saved = torch.load(str(exported))["model"]
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, saved[name]), name
+
+
 class Mlp(torch.nn.Module):  # the C++ demo's model (tools/ddp/ckptio_ddp_demo.cc)
     def __init__(self):
         super().__init__()
@@ -39,14 +50,7 @@ def test_a_cxx_saved_step_loads_into_a_python_module(tmp_path):
     step = ckptio.Checkpointer(store).load({"model": model})
     assert step is not None
     # The same tensors the C++ tools export from that step.
-    exported = tmp_path / "model.pt"
-    out = subprocess.run([tool("ckptio"), "export", store, str(step), "-o", str(exported)],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    saved = torch.load(str(exported))
-    saved = saved.get("model", saved)
-    for name, t in model.state_dict().items():
-        assert torch.equal(t, saved[name]), name
+    expect_exported_module(store, step, model, tmp_path)
 
 
 def test_a_python_saved_step_is_read_by_the_cxx_tools(tmp_path):
@@ -56,11 +60,4 @@ def test_a_python_saved_step_is_read_by_the_cxx_tools(tmp_path):
     ckptio.Checkpointer(store).save(7, {"model": model, "rng": torch.get_rng_state()})
     out = subprocess.run([tool("ckptio"), "verify", store, "7"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    exported = tmp_path / "out.pt"
-    out = subprocess.run([tool("ckptio"), "export", store, "7", "-o", str(exported)],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    saved = torch.load(str(exported))
-    saved = saved.get("model", saved)
-    for name, t in model.state_dict().items():
-        assert torch.equal(t, saved[name]), name
+    expect_exported_module(store, 7, model, tmp_path)
