@@ -30,13 +30,37 @@ std::string_view WaitModeName(WaitMode mode) {
   return "unknown";
 }
 
+namespace {
+thread_local WaitInterrupt* innermost_interrupt = nullptr;
+}  // namespace
+
+WaitInterrupt::WaitInterrupt(std::function<Status()> check)
+    : check_(std::move(check)), outer_(innermost_interrupt) {
+  innermost_interrupt = this;
+}
+
+WaitInterrupt::~WaitInterrupt() { innermost_interrupt = outer_; }
+
+Status WaitInterrupt::Check() {
+  WaitInterrupt* in = innermost_interrupt;
+  if (in == nullptr || !in->check_) return OkStatus();
+  if (in->stopped_.ok()) in->stopped_ = in->check_();
+  return in->stopped_;
+}
+
 bool Coordinator::Backoff::Wait() {
+  interrupted_ = WaitInterrupt::Check();
+  if (!interrupted_.ok()) return false;
   auto now = std::chrono::steady_clock::now();
   if (now >= deadline_) return false;
   auto sleep = std::min<std::chrono::steady_clock::duration>(delay_, deadline_ - now);
   std::this_thread::sleep_for(sleep);
   delay_ = std::min<std::chrono::microseconds>(delay_ * 2, std::chrono::milliseconds(50));
   return true;
+}
+
+Status Coordinator::Backoff::Stopped(Status timed_out) const {
+  return interrupted_.ok() ? timed_out : interrupted_;
 }
 
 std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
@@ -65,10 +89,10 @@ Status Coordinator::WaitSaved(int64_t step, std::string_view attempt,
     if (done.ok() && *done) return OkStatus();
     if (!done.ok() && !Transient(done.status())) return done.status();
     if (!backoff.Wait()) {
-      if (done.ok()) return SaveTimedOut(step, timeout);
-      return done.status().WithContext(
+      if (done.ok()) return backoff.Stopped(SaveTimedOut(step, timeout));
+      return backoff.Stopped(done.status().WithContext(
           "still failing at the deadline (" + std::to_string(timeout.count()) +
-          " ms) of waiting for rank 0 to commit step " + std::to_string(step));
+          " ms) of waiting for rank 0 to commit step " + std::to_string(step)));
     }
   }
 }
@@ -216,13 +240,13 @@ class FileCoordinator : public Coordinator {
       }
       if (!backoff.Wait()) {
         if (failing)
-          return decision.status().WithContext("still failing at the deadline (" +
-                                               std::to_string(timeout.count()) +
-                                               " ms) of waiting for \"" + name + "\"");
-        return Status(Code::kDeadlineExceeded,
-                      "timed out after " + std::to_string(timeout.count()) + " ms waiting for \"" +
-                          name + "\" to be published (wait mode " +
-                          std::string(WaitModeName(mode_)) + ")");
+          return backoff.Stopped(decision.status().WithContext(
+              "still failing at the deadline (" + std::to_string(timeout.count()) +
+              " ms) of waiting for \"" + name + "\""));
+        return backoff.Stopped(Status(
+            Code::kDeadlineExceeded,
+            "timed out after " + std::to_string(timeout.count()) + " ms waiting for \"" + name +
+                "\" to be published (wait mode " + std::string(WaitModeName(mode_)) + ")"));
       }
     }
   }
@@ -244,8 +268,10 @@ class FileCoordinator : public Coordinator {
         save_lock_ = std::move(*lock);
         return OkStatus();
       }
-      if (lock.status().code() != Code::kFailedPrecondition || !backoff.Wait())
+      if (lock.status().code() != Code::kFailedPrecondition)
         return lock.status().WithContext("taking the save lock " + when);
+      if (!backoff.Wait())
+        return backoff.Stopped(lock.status().WithContext("taking the save lock " + when));
     }
   }
 

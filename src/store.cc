@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "ckptio/coordination.h"
 #include "object_io.h"
 #include "store_internal.h"
 
@@ -112,6 +113,19 @@ Result<std::vector<int64_t>> Store::ListStepsWithManifest() {
 
 Result<std::optional<Latest>> Store::ReadLatest() { return LoadLatest(*backend_); }
 
+Result<int64_t> Store::NextStep() {
+  int64_t step = 0;
+  auto steps = ListStepsWithManifest();
+  if (steps.ok() && !steps->empty()) {
+    step = steps->back() + 1;
+  } else if (!steps.ok() && steps.status().code() != Code::kNotFound) {
+    return steps.status().WithContext("finding the next step of " + uri());
+  }
+  auto latest = ReadLatest();
+  if (latest.ok() && latest->has_value()) step = std::max(step, (*latest)->step + 1);
+  return step;
+}
+
 Result<std::unique_ptr<CheckpointReader>> Store::OpenStep(int64_t step) {
   if (step < 0 || step > kMaxStep)
     return Status(Code::kInvalidArgument,
@@ -168,6 +182,7 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
                         "). ckptio allows one writer per store: wait for it to finish, "
                         "stop it, or raise the writer's lock wait");
     }
+    CKPTIO_RETURN_IF_ERROR(WaitInterrupt::Check());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 

@@ -245,5 +245,56 @@ TEST(FileCoordinatorTest, RankZeroRefusesAJobIdThatAnEarlierLaunchUsed) {
 // NFS backend does for timeout_ms after a call got no answer) while
 // `failures` lasts; -1: for ever.
 
+// A WaitInterrupt (the Python package's Ctrl-C) ends every wait of its
+// thread at its first failure, with that status, long before the deadline:
+// a rank waiting for a decision or a commit, and a second writer waiting
+// for the store's writer lock. It is asked between polls, is not asked
+// again once it failed, and nests: the outer one is back when the inner
+// goes.
+TEST(FileCoordinatorTest, AWaitInterruptEndsEveryWaitWithItsStatus) {
+  TempDir tmp;
+  const std::string job = NewJobId();
+  auto store = [&] { return NewPosixBackend(tmp.Sub("store")).value(); };
+  auto rank0 = OpenedCoordinator(store(), 0, job, "test");  // alive, never publishes
+  ASSERT_TRUE(rank0);
+  EXPECT_TRUE(WaitInterrupt::Check().ok()) << "no interrupt on this thread";
+
+  int calls = 0;
+  auto stop_at_fifth = [&] {
+    return ++calls < 5 ? OkStatus() : Status(Code::kAborted, "interrupted by the test");
+  };
+  auto ended = [&](const char* what, const std::function<Status()>& wait) {
+    calls = 0;
+    WaitInterrupt interrupt(stop_at_fifth);
+    const auto t0 = Clock::now();
+    Status s = wait();
+    EXPECT_LT(Clock::now() - t0, milliseconds(2000)) << what << ": waited on";
+    EXPECT_EQ(s.code(), Code::kAborted) << what << ": " << s;
+    EXPECT_EQ(s.message(), "interrupted by the test") << what;
+    EXPECT_EQ(calls, 5) << what << ": asked after it failed, or not between polls";
+    EXPECT_EQ(WaitInterrupt::Check().message(), "interrupted by the test") << "sticky";
+    EXPECT_EQ(calls, 5);
+  };
+  for (WaitMode mode : {WaitMode::kFileLock, WaitMode::kManifest}) {
+    SCOPED_TRACE(std::string(WaitModeName(mode)));
+    auto rank1 = OpenedCoordinator(store(), 1, job, "test", mode);
+    ASSERT_TRUE(rank1);
+    ended("a decision",
+          [&] { return rank1->WaitFor("test-load-1", milliseconds(30000)).status(); });
+    ended("a commit", [&] { return rank1->WaitSaved(3, "test.3", milliseconds(30000)); });
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto writer, Store(store()).OpenWriter(WriterOptions{}));
+  WriterOptions patient;
+  patient.lock_wait = milliseconds(30000);
+  ended("the writer lock", [&] { return Store(store()).OpenWriter(patient).status(); });
+
+  WaitInterrupt outer([] { return Status(Code::kAborted, "outer"); });
+  {
+    WaitInterrupt inner([] { return OkStatus(); });
+    EXPECT_TRUE(WaitInterrupt::Check().ok()) << "the innermost is asked";
+  }
+  EXPECT_EQ(WaitInterrupt::Check().message(), "outer");
+}
+
 }  // namespace
 }  // namespace ckptio::coordination_testing

@@ -43,6 +43,7 @@
 #define CKPTIO_COORDINATION_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -66,6 +67,30 @@ inline constexpr char kSaveAttemptKey[] = "ckptio.save_attempt";
 // overflowing into the past.
 CKPTIO_EXPORT std::chrono::steady_clock::time_point DeadlineAfter(
     std::chrono::milliseconds timeout);
+
+// Ending waits early (the Python package ends them on Ctrl-C). While a
+// WaitInterrupt lives on a thread, every wait of ckptio on that thread (for
+// rank 0's commit or decision, the save lock, the store's writer lock)
+// calls `check` between its polls, at least every 50 ms, and ends with the
+// first non-OK status it returns. An ended wait leaves things as a deadline
+// would: a waiting rank changed nothing, a save never commits half a step.
+// Sticky: once `check` failed, Check() returns that status without calling
+// it again. Instances nest (the innermost is used); not movable.
+class CKPTIO_EXPORT WaitInterrupt {
+ public:
+  explicit WaitInterrupt(std::function<Status()> check);
+  ~WaitInterrupt();
+  WaitInterrupt(const WaitInterrupt&) = delete;
+  WaitInterrupt& operator=(const WaitInterrupt&) = delete;
+
+  // The innermost WaitInterrupt of this thread: its status; OK without one.
+  static Status Check();
+
+ private:
+  std::function<Status()> check_;
+  Status stopped_;
+  WaitInterrupt* outer_;
+};
 
 class CKPTIO_EXPORT Coordinator {
  public:
@@ -117,15 +142,19 @@ class CKPTIO_EXPORT Coordinator {
   virtual Status Retract(const std::string& name) = 0;
 
  protected:
-  // Sleeps 1 ms, then doubles up to 50 ms; false once `deadline` passed.
+  // Sleeps 1 ms, then doubles up to 50 ms; false once `deadline` passed
+  // or the thread's WaitInterrupt ended the wait.
   class Backoff {
    public:
     explicit Backoff(std::chrono::steady_clock::time_point deadline) : deadline_(deadline) {}
     bool Wait();
+    // Why Wait() returned false: the interrupt's status, else `timed_out`.
+    Status Stopped(Status timed_out) const;
 
    private:
     std::chrono::steady_clock::time_point deadline_;
     std::chrono::microseconds delay_{1000};
+    Status interrupted_;
   };
 };
 

@@ -347,6 +347,12 @@ class CKPTIO_EXPORT Store {
   // nullopt when there is no LATEST yet; DataLoss when it is corrupt.
   Result<std::optional<Latest>> ReadLatest();
 
+  // The step a writer that numbers its saves itself takes next: after the
+  // newest step that has a manifest and the one LATEST names (LATEST can lag
+  // a committed step, or be unreadable: saving at a taken step would fail
+  // every time). 0 for a store that does not exist yet.
+  Result<int64_t> NextStep();
+
   // Opens committed step `step`: reads and checks its manifest.
   Result<std::unique_ptr<CheckpointReader>> OpenStep(int64_t step);
   // Opens the step LATEST names and checks that its manifest is the one

@@ -262,7 +262,8 @@ class CKPTIO_EXPORT Checkpointer {
   // this one's.
   static Result<std::unique_ptr<Checkpointer>> Open(std::string_view uri, const RankInfo& rank,
                                                     CheckpointerOptions options = {});
-  // Waits for a save still in flight (SaveAsync).
+  // Rank 0: waits for a save still in flight (SaveAsync); the others end
+  // their wait for its commit.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -284,8 +285,10 @@ class CKPTIO_EXPORT Checkpointer {
   // this call). Where no thread can be started (RLIMIT_NPROC), the call
   // saves synchronously, with a warning. One save is in flight at a time:
   // every later call of Save, SaveAsync or Load first waits for it and
-  // returns its error if it failed (once). The destructor waits for it: the
-  // error of a last save that no later call reported is on its future only.
+  // returns its error if it failed (once). Rank 0's destructor waits for
+  // it: the error of a last save that no later call reported is on its
+  // future only. Another rank's destructor ends its wait for the commit
+  // (the future: ABORTED, closed while waiting).
   // Not for use from several threads at once, like every other method.
   std::future<Status> SaveAsync(int64_t step, const State& state);
 
@@ -343,6 +346,13 @@ CKPTIO_EXPORT Status load(torch::nn::ModuleHolder<M>& module, std::string_view u
                           torch::Device device = torch::kCPU) {
   return load(static_cast<torch::nn::Module&>(*module), uri, device);
 }
+// The same for a whole State (each item under its own name; what the
+// Python package's ckptio.save / ckptio.load use). load takes no lock, like
+// any reader: options.step, or the newest step that verifies (skipped ones
+// logged and in the result); NotFound when nothing is saved yet.
+CKPTIO_EXPORT Status save(const State& state, std::string_view uri);
+CKPTIO_EXPORT Result<LoadResult> load(State& state, std::string_view uri,
+                                      const LoadOptions& options = {});
 
 }  // namespace ckptio
 

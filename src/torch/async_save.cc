@@ -3,6 +3,7 @@
 // constructor and destructor are here too: the background save is the only
 // thing a Checkpointer must end.
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <future>
 #include <memory>
@@ -37,6 +38,9 @@ struct internal::AsyncSave {
   Status result;            // the worker's outcome, read after join
   bool unreported = false;  // result not yet returned by a later call
   bool warned = false;      // the "too large for staging" warning, once
+  // Set as the Checkpointer closes: a waiting rank's background wait ends
+  // (rank 0's save is finished).
+  std::atomic<bool> closing{false};
   // Bytes of the optimizers' archives at the last save that made them (a
   // lower bound when they did not fit): a save whose tensors and archives
   // would not fit again is synchronous before anything is copied.
@@ -46,6 +50,7 @@ struct internal::AsyncSave {
 Checkpointer::Impl::Impl() : async_(std::make_unique<internal::AsyncSave>()) {}
 
 Checkpointer::Impl::~Impl() {
+  async_->closing = true;
   if (async_->worker.joinable()) async_->worker.join();
 }
 
@@ -179,6 +184,16 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
   auto staged = std::make_shared<const SavePlan>(std::move(plan));
   try {
     as.worker = std::thread([this, step, attempt, staged, promise] {
+      // A rank that only waits for rank 0's commit has nothing to finish
+      // when its Checkpointer closes (a trainer that gives up on Ctrl-C).
+      WaitInterrupt closed([this, step] {
+        return rank_.rank != 0 && async_->closing
+                   ? Status(Code::kAborted,
+                            "the Checkpointer was closed while waiting for rank "
+                            "0 to commit step " +
+                                std::to_string(step))
+                   : OkStatus();
+      });
       Status s = SaveNow(step, attempt, *staged);
       async_->result = s;
       async_->unreported = !s.ok();

@@ -68,9 +68,9 @@ class C10dCoordinator : public Coordinator {
       if (!s.ok()) return Lost(s, what);
       if (present) return value;
       if (!backoff.Wait())
-        return Status(Code::kDeadlineExceeded,
-                      "timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
-                          what + " (wait mode c10d-store)");
+        return backoff.Stopped(Status(Code::kDeadlineExceeded,
+                                      "timed out after " + std::to_string(timeout.count()) +
+                                          " ms waiting for " + what + " (wait mode c10d-store)"));
     }
   }
 

@@ -1,6 +1,6 @@
 // The one-line adoption of torch::save / torch::load: ckptio::save commits
 // the next step of a single-process store, ckptio::load reads the newest
-// step that verifies.
+// step that verifies (of a State: also the Python package's one-liners).
 #include <algorithm>
 
 #include "ckptio/backends.h"
@@ -28,57 +28,65 @@ RankInfo Single() {
   return r;
 }
 
-Status SaveOne(StateItem item, std::string_view uri) {
-  CKPTIO_ASSIGN_OR_RETURN(auto ckpt, Checkpointer::Open(uri, Single()));
-  // After the newest step that has a manifest, not after LATEST: LATEST can
-  // lag a committed step (a crash before it moved) or be unreadable, and
-  // saving at a taken step fails every time.
-  int64_t step = 0;
-  auto steps = ckpt->store().ListStepsWithManifest();
-  if (steps.ok() && !steps->empty()) {
-    step = steps->back() + 1;
-  } else if (!steps.ok() && steps.status().code() != Code::kNotFound) {
-    return steps.status().WithContext("finding the next step of " + std::string(uri));
-  }
-  auto latest = ckpt->store().ReadLatest();
-  if (latest.ok() && latest->has_value()) step = std::max(step, (*latest)->step + 1);
+State Of(StateItem item) {
   State state;
   state.items.push_back(std::move(item));
+  return state;
+}
+
+}  // namespace
+
+Status save(const State& state, std::string_view uri) {
+  CKPTIO_ASSIGN_OR_RETURN(auto ckpt, Checkpointer::Open(uri, Single()));
+  CKPTIO_ASSIGN_OR_RETURN(int64_t step, ckpt->store().NextStep());
   return ckpt->Save(step, state);
 }
 
-Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
+Result<LoadResult> load(State& state, std::string_view uri, const LoadOptions& options) {
   // Readers take no lock: open the store without a writer.
   CKPTIO_ASSIGN_OR_RETURN(auto store, OpenStore(uri));
-  State state;
-  state.items.push_back(std::move(item));
   // The step Checkpointer::Load would take (ChooseStep); nothing saved yet
   // is an error here, as a missing file is for torch::load.
-  CKPTIO_ASSIGN_OR_RETURN(auto chosen, ChooseStep(*store, std::nullopt));
+  CKPTIO_ASSIGN_OR_RETURN(auto chosen, ChooseStep(*store, options.step));
   if (!chosen) return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
-  for (const auto& [step, why] : chosen->skipped)
+  LoadResult result;
+  result.step = chosen->step;
+  result.skipped = std::move(chosen->skipped);
+  for (const auto& [step, why] : result.skipped)
     Log(LogLevel::kWarning, "step " + std::to_string(step) +
                                 " failed verification and is skipped; loading step " +
                                 std::to_string(chosen->step) + " instead (" + why + ")");
-  MapLocation map = MapLocation::To(device);
+  const std::string what = "load of step " + std::to_string(chosen->step) + " from " + store->uri();
   Staged staged;
-  CKPTIO_RETURN_IF_ERROR(Guard("load from " + store->uri(), [&]() -> Status {
-    CKPTIO_ASSIGN_OR_RETURN(staged, Stage(*chosen->opened, state, map, Single()));
-    return OkStatus();
+  CKPTIO_RETURN_IF_ERROR(Guard(what, [&]() -> Status {
+    CKPTIO_ASSIGN_OR_RETURN(staged, Stage(*chosen->opened, state, options.map_location, Single(),
+                                          options.other_tensors));
+    result.tensors = std::move(staged.other_tensors);
+    return options.before_apply ? options.before_apply(staged.metadata, result) : OkStatus();
   }));
-  return Apply(staged, state);
+  CKPTIO_RETURN_IF_ERROR(Apply(staged, state).WithContext(what));
+  return result;
+}
+
+namespace {
+
+Status LoadOne(StateItem item, std::string_view uri, torch::Device device) {
+  State state = Of(std::move(item));
+  LoadOptions options;
+  options.map_location = MapLocation::To(device);
+  return load(state, uri, options).status();
 }
 
 }  // namespace
 
 Status save(torch::nn::Module& module, std::string_view uri) {
-  return SaveOne(StateItem("value", module), uri);
+  return save(Of(StateItem("value", module)), uri);
 }
 Status save(torch::optim::Optimizer& optimizer, std::string_view uri) {
-  return SaveOne(StateItem("value", optimizer), uri);
+  return save(Of(StateItem("value", optimizer)), uri);
 }
 Status save(torch::Tensor& tensor, std::string_view uri) {
-  return SaveOne(StateItem("value", tensor), uri);
+  return save(Of(StateItem("value", tensor)), uri);
 }
 Status load(torch::nn::Module& module, std::string_view uri, torch::Device device) {
   return LoadOne(StateItem("value", module), uri, device);

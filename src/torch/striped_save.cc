@@ -102,6 +102,7 @@ Result<std::string> WaitForGo(Coordinator& c, int64_t step, const std::string& a
   constexpr std::chrono::milliseconds kSlice{500};
   const auto deadline = DeadlineAfter(timeout);
   while (true) {
+    CKPTIO_RETURN_IF_ERROR(WaitInterrupt::Check());  // (WaitFor's may not be ABORTED)
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0)

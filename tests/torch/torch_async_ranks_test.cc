@@ -76,6 +76,31 @@ TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
   }
 }
 
+// A rank that waits in the background for rank 0's commit (SaveAsync) has
+// nothing to finish: closing its Checkpointer ends that wait at once, its
+// future saying so, instead of holding the close up to the deadline (a
+// trainer that gives up on Ctrl-C exits promptly). Rank 0 never saves here.
+TEST_F(AsyncSaveTest, ClosingAWaitingRanksCheckpointerEndsItsBackgroundWait) {
+  const std::string store = dir_.Sub("store");
+  CheckpointerOptions o;
+  o.wait = WaitOn::FileLock();
+  o.timeout = 30s;
+  auto c0 = RankOfTwo(0, "close-test", store, o), c1 = RankOfTwo(1, "close-test", store, o);
+  ASSERT_TRUE(c0 && c1);
+  Net net;
+  State state{{"model", net}};
+  std::future<Status> waiting = c1->SaveAsync(1, state);
+  EXPECT_EQ(waiting.wait_for(200ms), std::future_status::timeout) << "rank 0 never committed";
+  const auto t0 = std::chrono::steady_clock::now();
+  c1.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << "the close waited for the deadline";
+  ASSERT_EQ(waiting.wait_for(0s), std::future_status::ready);
+  Status s = waiting.get();
+  EXPECT_EQ(s.code(), Code::kAborted) << s;
+  EXPECT_NE(s.message().find("closed while waiting for rank 0 to commit step 1"), std::string::npos)
+      << s;
+}
+
 // A striped save whose rank 2 never saves: rank 0's error names rank 2 and
 // the save's timeout, even though rank 1's part came late and left the wait
 // for rank 2 only what remained of the deadline.
