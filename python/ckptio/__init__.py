@@ -22,17 +22,17 @@ import os
 
 import torch  # first: the extension links LibTorch's Python bindings
 
-from . import _state
+from . import _ckptio, _state
 from ._ckptio import RankInfo
-from ._ckptio import Checkpointer as _CoreCheckpointer
 from ._errors import (AbortedError, AlreadyExistsError, DataLossError,  # noqa: F401
                       DeadlineExceededError, Error, FailedPreconditionError, InternalError,
                       InvalidArgumentError, NotFoundError, PermissionDeniedError,
                       ResourceExhaustedError, UnavailableError, UnimplementedError,
                       WriterDiedError)
 
-__all__ = ["Checkpointer", "RankInfo", "rank_info", "Error", "DataLossError",
-           "WriterDiedError", "DeadlineExceededError", "InvalidArgumentError", "NotFoundError"]
+__all__ = ["Checkpointer", "SaveFuture", "save", "load", "RankInfo", "rank_info", "Error",
+           "DataLossError", "WriterDiedError", "DeadlineExceededError", "InvalidArgumentError",
+           "NotFoundError"]
 
 _WAITS = ("manifest", "file-lock", "store")
 
@@ -109,7 +109,7 @@ class Checkpointer:
                 raise InvalidArgumentError(
                     'wait="store" needs torch.distributed initialized, or store=')
             store = dist.distributed_c10d._get_default_store()
-        self._core = _CoreCheckpointer(os.fspath(uri), rank or rank_info(), wait, store,
+        self._core = _ckptio.Checkpointer(os.fspath(uri), rank or rank_info(), wait, store,
                                        int(keep_last), float(timeout), bool(stripe),
                                        int(max_staging_bytes))
 
@@ -122,6 +122,19 @@ class Checkpointer:
         it is committed. Raises on failure (on the waiting ranks too)."""
         plan = _state.plan_save(state)
         self._core.save(int(step), plan.modules, plan.tensors, plan.metadata)
+
+    def save_async(self, step, state):
+        """Like save, but rank 0 returns as soon as the state is copied
+        (into staging memory reused from save to save, at most
+        ``max_staging_bytes``; a larger state is saved synchronously, with a
+        warning) and writes and commits on a background thread; the other
+        ranks return at once. Training may change the state as soon as it
+        returns. The SaveFuture says how the save ended; a failure is also
+        raised by the next save, save_async or load (once). One save is in
+        flight at a time: the next call waits for it."""
+        plan = _state.plan_save(state)
+        return SaveFuture(self._core.save_async(int(step), plan.modules, plan.tensors,
+                                                plan.metadata))
 
     def load(self, state, step=None, map_location=None):
         """Loads into ``state`` on every rank: the step rank 0 chose (the
@@ -141,3 +154,68 @@ class Checkpointer:
         if got is not None:
             _state.apply(state, decoded)
         return got
+
+
+class SaveFuture:
+    """How a save_async ended (as concurrent.futures.Future, without
+    callbacks). Ctrl-C ends a wait on it, not the save."""
+
+    def __init__(self, core):
+        self._core = core
+
+    @property
+    def step(self):
+        return self._core.step
+
+    def done(self):
+        """True once the save ended (committed, or failed)."""
+        return self._core.done()
+
+    def result(self, timeout=None):
+        """Waits until the save ended (at most ``timeout`` seconds; None: no
+        limit) and returns its step, or raises its error (rank 0's, on the
+        waiting ranks too). TimeoutError if it is still running then."""
+        if not self._core.wait(timeout):
+            raise TimeoutError(f"the save of step {self.step} is still running after "
+                               f"{timeout} s")
+        self._core.raise_error()
+        return self.step
+
+    def exception(self, timeout=None):
+        """The save's error, or None once it committed (waits as result)."""
+        try:
+            self.result(timeout)
+        except Error as e:
+            return e
+        return None
+
+
+def save(obj, uri):
+    """``torch.save(obj, f)`` for a store: commits ``obj`` as the next step
+    of the single-process store at ``uri`` (written, fsynced, checksummed,
+    renamed into place; the newest steps of earlier saves stay). ``obj``: a
+    value a state holds (tensors, and dicts, lists and tuples of tensors and
+    plain values); a module, optimizer or any object with ``state_dict()``
+    is saved as its ``state_dict()``, which ``load`` gives back. No pickle."""
+    if _state.kind_of(obj) in ("module", "state_dict"):
+        obj = obj.state_dict()
+    plan = _state.plan_save({"value": obj})
+    _ckptio.save_one(os.fspath(uri), plan.modules, plan.tensors, plan.metadata)
+
+
+def load(uri, map_location=None, step=None):
+    """``torch.load(f, map_location)`` for a store: the value saved by
+    ``save`` in the newest step that verifies (a damaged newer step is
+    skipped with a warning), or in ``step``; tensors go where
+    ``map_location`` says (as in Checkpointer.load). Takes no lock: it may
+    read while a job saves. NotFoundError when nothing is saved yet;
+    DataLossError when no step verifies. A module comes back as its state
+    dict: ``model.load_state_dict(ckptio.load(uri))``."""
+    box = {"value": None}
+    decoded = {}
+
+    def check(metadata, tensors):
+        decoded.update(_state.decode_step(box, metadata, tensors))
+
+    _ckptio.load_one(os.fspath(uri), {}, step, _map_location(map_location), check)
+    return decoded["value"][1]

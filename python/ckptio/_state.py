@@ -97,7 +97,7 @@ def _decode(enc, tensors):
     raise ValueError(f"the step's {TREE_KEY} holds an unknown value {str(enc)[:80]!r}")
 
 
-def _kind(value):
+def kind_of(value):
     if isinstance(value, torch.nn.Module):
         return "module"
     if isinstance(value, torch.Tensor):
@@ -124,7 +124,7 @@ def plan_save(state):
     plan = Plan()
     items = {}
     for key, value in state.items():
-        kind = _kind(value)
+        kind = kind_of(value)
         if kind == "module":
             plan.modules[key] = list(value.state_dict(keep_vars=True).items())
         elif kind == "tensor":
@@ -147,7 +147,7 @@ def module_request(state):
     """The modules a load fills in place: key -> [(name, tensor)]."""
     check_keys(state)
     return {k: list(v.state_dict(keep_vars=True).items())
-            for k, v in state.items() if _kind(v) == "module"}
+            for k, v in state.items() if kind_of(v) == "module"}
 
 
 def _check_optimizer(key, optimizer, loaded):
@@ -165,12 +165,21 @@ def _check_optimizer(key, optimizer, loaded):
 
 def decode_step(state, metadata, tensors):
     """What a load puts into `state` (key -> ("tensor"|"state_dict"|"value",
-    decoded)); raises, before anything changes, when the step does not fit."""
+    decoded)); raises ValueError, before anything changes, when the step
+    does not fit, or its tree is not one ckptio writes (whatever it holds)."""
+    try:
+        return _decode_step(state, metadata, tensors)
+    except (KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
+        raise ValueError(f"the step's {TREE_KEY} is malformed ({type(e).__name__}: "
+                         f"{str(e)[:200]}): ckptio did not write it, or wrote it damaged") from None
+
+
+def _decode_step(state, metadata, tensors):
     tree = metadata.get(TREE_KEY)
     if tree is None:  # saved by the C++ Checkpointer: modules, tensors, metadata
         items = {k: {"kind": "tensor"} for k in tensors if "/" not in k}
         for k, v in state.items():
-            if _kind(v) == "value" and k in metadata and k not in items:
+            if kind_of(v) == "value" and k in metadata and k not in items:
                 items[k] = {"kind": "cxx_metadata"}
     else:
         try:
@@ -183,7 +192,7 @@ def decode_step(state, metadata, tensors):
         items = tree["items"]
     out = {}
     for key, value in state.items():
-        kind = _kind(value)
+        kind = kind_of(value)
         if kind == "module":
             continue  # loaded in place by the core
         entry = items.get(key)

@@ -7,6 +7,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,24 +17,14 @@
 #include <utility>
 #include <vector>
 
+#include "binding_util.h"
+#include "ckptio/coordination.h"
 #include "ckptio/torch.h"
 
 namespace py = pybind11;
 
 namespace ckptio::python {
 namespace {
-
-// Raises the exception of ckptio/_errors.py for `status` (never returns).
-[[noreturn]] void Raise(const Status& status) {
-  py::module_::import("ckptio._errors")
-      .attr("raise_status")(std::string(CodeName(status.code())), status.message(),
-                            status.cause() == Cause::kWriterDied);
-  throw std::logic_error("ckptio._errors.raise_status returned");  // (it always raises)
-}
-
-void Check(const Status& status) {
-  if (!status.ok()) Raise(status);
-}
 
 using Modules = std::map<std::string, NamedTensors>;
 using Tensors = std::map<std::string, torch::Tensor>;
@@ -50,35 +42,102 @@ State MakeState(const Modules& modules, Tensors& tensors, Metadata metadata) {
 
 // map_location from the Python layer: None (auto), a device string, or a
 // callable taking the saved device ("cuda:0") and returning a device
-// string. An exception of the callable fails the load; it is kept and
-// raised again, with its own type, once the load has returned.
-struct PyMapLocation {
-  MapLocation map = MapLocation::Auto();
-  std::shared_ptr<py::object> error = std::make_shared<py::object>();
-};
-
-PyMapLocation ToMapLocation(const py::object& where) {
-  PyMapLocation out;
-  if (where.is_none()) return out;
-  if (py::isinstance<py::str>(where)) {
-    out.map = MapLocation::To(where.cast<std::string>());
-    return out;
-  }
-  auto fn = std::make_shared<py::object>(where);
-  auto error = out.error;
-  out.map = MapLocation::With([fn, error](const std::string& saved) -> torch::Device {
+// string, whose exceptions fail the load (kept in `kept`).
+MapLocation ToMapLocation(const py::object& where, KeptError& kept) {
+  if (where.is_none()) return MapLocation::Auto();
+  if (py::isinstance<py::str>(where)) return MapLocation::To(where.cast<std::string>());
+  return MapLocation::With([&where, &kept](const std::string& saved) -> torch::Device {
     py::gil_scoped_acquire gil;
     try {
-      return torch::Device((*fn)(saved).cast<std::string>());
+      return torch::Device(where(saved).cast<std::string>());
     } catch (py::error_already_set& e) {
       std::string what = e.what();
-      *error = e.value();
+      kept.Keep(std::move(e));
       throw std::runtime_error(what);
     } catch (const py::cast_error&) {
       throw std::runtime_error("map_location must return a device string such as \"cpu\"");
     }
   });
-  return out;
+}
+
+// A SaveAsync's outcome. Waits with the GIL released, in slices, running
+// Python's signal handlers between them (Ctrl-C ends a wait, not the save).
+class PySaveFuture {
+ public:
+  PySaveFuture(int64_t step, std::shared_future<Status> future)
+      : step_(step), future_(std::move(future)) {}
+
+  int64_t step() const { return step_; }
+  bool done() const {
+    return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  // True once done; false when `timeout_s` (None: no limit) passed first.
+  bool Wait(std::optional<double> timeout_s) const {
+    const auto deadline =
+        timeout_s
+            ? DeadlineAfter(std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000)))
+            : std::chrono::steady_clock::time_point::max();
+    while (true) {
+      {
+        py::gil_scoped_release release;
+        const auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+        if (future_.wait_until(std::min(slice, deadline)) == std::future_status::ready) return true;
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+    }
+  }
+  // After Wait() returned true: raises the save's error, if it failed.
+  void Raise() const {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = future_.get();
+    }
+    Check(s);
+  }
+
+ private:
+  int64_t step_;
+  std::shared_future<Status> future_;
+};
+
+// A load through `load` (a Checkpointer's, or the one-liner's). Returns
+// (step or None, [(skipped step, why)], {name: tensor}, metadata). The
+// modules are loaded in place; every named tensor of the step comes back by
+// name (the Python layer rebuilds the rest from them and the metadata).
+// `before_apply(metadata, tensors)` runs once the step is verified and
+// staged, before any module changes: an exception there fails the load
+// with nothing changed.
+py::tuple LoadWith(const Modules& modules, std::optional<int64_t> step,
+                   const py::object& map_location, const py::object& before_apply,
+                   const std::function<Result<LoadResult>(State&, const LoadOptions&)>& load) {
+  Tensors none;
+  State state = MakeState(modules, none, {});
+  KeptError kept;
+  LoadOptions o;
+  o.step = step;
+  o.map_location = ToMapLocation(map_location, kept);
+  o.other_tensors = true;
+  if (!before_apply.is_none())
+    o.before_apply = [&before_apply, &kept](const Metadata& metadata,
+                                            const LoadResult& r) -> Status {
+      py::gil_scoped_acquire gil;
+      try {
+        before_apply(metadata, r.tensors);
+        return OkStatus();
+      } catch (py::error_already_set& e) {
+        std::string what = e.what();
+        kept.Keep(std::move(e));
+        return Status(Code::kInvalidArgument, what);
+      }
+    };
+  Result<LoadResult> got = Interruptible(kept, [&] { return load(state, o); });
+  if (!got.ok()) Raise(got.status());
+  py::list skipped;
+  for (const auto& [s, why] : got->skipped) skipped.append(py::make_tuple(s, why));
+  return py::make_tuple(got->step ? py::cast(*got->step) : py::none(), skipped,
+                        std::move(got->tensors), state.metadata);
 }
 
 class PyCheckpointer {
@@ -102,11 +161,8 @@ class PyCheckpointer {
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     o.stripe = stripe;
     o.max_staging_bytes = max_staging_bytes;
-    Result<std::unique_ptr<Checkpointer>> opened = Status(Code::kInternal, "not opened");
-    {
-      py::gil_scoped_release release;
-      opened = Checkpointer::Open(uri, rank, o);
-    }
+    // (Rank 0 may wait for the writer lock.)
+    auto opened = Interruptible([&] { return Checkpointer::Open(uri, rank, o); });
     if (!opened.ok()) Raise(opened.status());
     ckpt_ = std::move(*opened);
   }
@@ -118,57 +174,21 @@ class PyCheckpointer {
 
   void Save(int64_t step, const Modules& modules, Tensors tensors, Metadata metadata) {
     const State state = MakeState(modules, tensors, std::move(metadata));
-    Status saved;
-    {
-      py::gil_scoped_release release;
-      saved = ckpt_->Save(step, state);
-    }
-    Check(saved);
+    Check(Interruptible([&] { return ckpt_->Save(step, state); }));
   }
 
-  // Returns (step or None, [(skipped step, why)], {name: tensor}, metadata).
-  // The modules are loaded in place; every named tensor of the step comes
-  // back by name (the Python layer rebuilds the rest from them and the
-  // metadata). `before_apply(metadata, tensors)` runs once the step is
-  // verified and staged, before any module changes: an exception there
-  // fails the load with nothing changed.
+  // Returns once the state is staged (rank 0) or at once (the others); the
+  // state's tensors are not used after. A wait before that (the previous
+  // save, the save lock) ends on Ctrl-C; the background save does not.
+  PySaveFuture SaveAsync(int64_t step, const Modules& modules, Tensors tensors, Metadata metadata) {
+    const State state = MakeState(modules, tensors, std::move(metadata));
+    return PySaveFuture(step, Interruptible([&] { return ckpt_->SaveAsync(step, state); }).share());
+  }
+
   py::tuple Load(const Modules& modules, std::optional<int64_t> step,
                  const py::object& map_location, const py::object& before_apply) {
-    Tensors none;
-    State state = MakeState(modules, none, {});
-    PyMapLocation map = ToMapLocation(map_location);
-    LoadOptions o;
-    o.step = step;
-    o.map_location = map.map;
-    o.other_tensors = true;
-    auto hook_error = std::make_shared<py::object>();
-    if (!before_apply.is_none())
-      o.before_apply = [&before_apply, hook_error](const Metadata& metadata,
-                                                   const LoadResult& r) -> Status {
-        py::gil_scoped_acquire gil;
-        try {
-          before_apply(metadata, r.tensors);
-          return OkStatus();
-        } catch (py::error_already_set& e) {
-          *hook_error = e.value();
-          return Status(Code::kInvalidArgument, e.what());
-        }
-      };
-    Result<LoadResult> got = Status(Code::kInternal, "not loaded");
-    {
-      py::gil_scoped_release release;
-      got = ckpt_->Load(state, o);
-    }
-    for (const auto& kept : {map.error, hook_error})
-      if (*kept && !kept->is_none()) {
-        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(kept->ptr())), kept->ptr());
-        throw py::error_already_set();
-      }
-    if (!got.ok()) Raise(got.status());
-    py::list skipped;
-    for (const auto& [s, why] : got->skipped) skipped.append(py::make_tuple(s, why));
-    return py::make_tuple(got->step ? py::cast(*got->step) : py::none(), skipped,
-                          std::move(got->tensors), state.metadata);
+    return LoadWith(modules, step, map_location, before_apply,
+                    [this](State& state, const LoadOptions& o) { return ckpt_->Load(state, o); });
   }
 
   const RankInfo& rank() const { return ckpt_->rank(); }
@@ -184,6 +204,7 @@ PYBIND11_MODULE(_ckptio, m) {
   using namespace ckptio;
   using namespace ckptio::python;
   m.doc() = "ckptio's C++ core for the Python package (use the ckptio package, not this)";
+  BindStore(m);
 
   py::class_<RankInfo>(m, "RankInfo")
       .def(py::init<>())
@@ -201,6 +222,30 @@ PYBIND11_MODULE(_ckptio, m) {
         return *r;
       });
 
+  m.def(
+      "save_one",
+      [](const std::string& uri, const Modules& modules, Tensors tensors, Metadata metadata) {
+        const State state = MakeState(modules, tensors, std::move(metadata));
+        Check(Interruptible([&] { return ckptio::save(state, uri); }));  // (the writer lock)
+      },
+      py::arg("uri"), py::arg("modules"), py::arg("tensors"), py::arg("metadata"));
+  m.def(
+      "load_one",
+      [](const std::string& uri, const Modules& modules, std::optional<int64_t> step,
+         const py::object& map_location, const py::object& before_apply) {
+        return LoadWith(
+            modules, step, map_location, before_apply,
+            [&uri](State& state, const LoadOptions& o) { return ckptio::load(state, uri, o); });
+      },
+      py::arg("uri"), py::arg("modules"), py::arg("step"), py::arg("map_location"),
+      py::arg("before_apply"));
+
+  py::class_<PySaveFuture>(m, "SaveFuture")
+      .def_property_readonly("step", &PySaveFuture::step)
+      .def("done", &PySaveFuture::done)
+      .def("wait", &PySaveFuture::Wait, py::arg("timeout"))
+      .def("raise_error", &PySaveFuture::Raise);
+
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, const RankInfo&, const std::string&, const py::object&, int,
                     double, bool, uint64_t>(),
@@ -208,6 +253,8 @@ PYBIND11_MODULE(_ckptio, m) {
            py::arg("timeout"), py::arg("stripe"), py::arg("max_staging_bytes"))
       .def("save", &PyCheckpointer::Save, py::arg("step"), py::arg("modules"), py::arg("tensors"),
            py::arg("metadata"))
+      .def("save_async", &PyCheckpointer::SaveAsync, py::arg("step"), py::arg("modules"),
+           py::arg("tensors"), py::arg("metadata"))
       .def("load", &PyCheckpointer::Load, py::arg("modules"), py::arg("step"),
            py::arg("map_location"), py::arg("before_apply"))
       .def_property_readonly("rank", &PyCheckpointer::rank);

@@ -26,7 +26,10 @@ def main():
                           "no:cacheprovider", tests_dir], capture_output=True, text=True,
                          env=run_env, cwd=tests_dir)
     ids = [line for line in got.stdout.splitlines() if "::" in line]
-    props = "ENVIRONMENT " + bracket(";".join(env)) + " LABELS python TIMEOUT 600"
+    # A test pytest skips is a skipped test for ctest too (never a silent
+    # pass), its reason printed (-rs).
+    props = ("ENVIRONMENT " + bracket(";".join(env)) + " LABELS python TIMEOUT 600 "
+             "SKIP_REGULAR_EXPRESSION " + bracket("[0-9]+ skipped"))
     lines = []
     if got.returncode != 0 or not ids:
         lines.append(f"add_test(python_collect {bracket(python)} -m pytest --collect-only -q "
@@ -35,7 +38,7 @@ def main():
                      f"WORKING_DIRECTORY {bracket(tests_dir)})")
     for node in ids:
         name = "python." + node.replace(".py::", ".", 1)
-        lines.append(f"add_test({bracket(name)} {bracket(python)} -m pytest -q -p "
+        lines.append(f"add_test({bracket(name)} {bracket(python)} -m pytest -q -rs -p "
                      f"no:cacheprovider {bracket(node)})")
         lines.append(f"set_tests_properties({bracket(name)} PROPERTIES {props} "
                      f"WORKING_DIRECTORY {bracket(tests_dir)})")

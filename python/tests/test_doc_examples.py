@@ -21,6 +21,10 @@ def examples():
 
 @pytest.mark.parametrize("code", list(examples()))
 def test_example_runs_and_resumes(code, tmp_path):
+    if "torch.distributed.checkpoint" in code:
+        pytest.importorskip("torch.distributed.checkpoint",
+                            reason="this PyTorch has no torch.distributed.checkpoint (>= 2.0): "
+                                   "tools/torch2-check.sh runs the example with PyTorch 2.6")
     paths = set(re.findall(r'"(/tmp/[^"]+)"', code))
     for p in paths:
         code = code.replace(p, str(tmp_path / os.path.basename(p)))

@@ -1,17 +1,20 @@
 """Real processes as the ranks of a job (the launcher's environment, and
 torch.distributed with Gloo for the c10d store): in each wait mode rank 1
 returns from save only once rank 0 committed, and both load the same step;
-a rank 0 that dies is seen by the waiting rank as WriterDiedError."""
+a rank 0 that dies is seen by the waiting rank as WriterDiedError; Ctrl-C
+ends every wait at once."""
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 WORKER = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, sys, time
     import torch
     import torch.distributed as dist
     import ckptio
@@ -24,6 +27,23 @@ WORKER = textwrap.dedent("""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     state = {"model": model, "epoch": 1}
+    if scenario.startswith("interrupt-"):
+        # Rank 0 is alive and never saves: rank 1 waits until Ctrl-C.
+        if rank == 0:
+            print("READY", flush=True)
+            time.sleep(120)
+            sys.exit(0)
+        call = {"interrupt-save": lambda: ckpt.save(1, state),
+                "interrupt-load": lambda: ckpt.load(state),
+                "interrupt-future": lambda: ckpt.save_async(1, state).result()}[scenario]
+        print("WAITING", flush=True)
+        t0 = time.monotonic()
+        try:
+            call()
+        except KeyboardInterrupt:
+            print(f"INTERRUPTED after {time.monotonic() - t0:.2f} s", flush=True)
+            sys.exit(0)
+        sys.exit("the wait ended without Ctrl-C")
     if scenario == "die":
         if rank == 0:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -50,7 +70,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(tmp_path, wait, scenario, world=2):
+def start_ranks(tmp_path, wait, scenario, world=2):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     store = str(tmp_path / "store")
@@ -65,6 +85,11 @@ def run_ranks(tmp_path, wait, scenario, world=2):
         procs.append(subprocess.Popen([sys.executable, str(script), wait, store, scenario],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
+    return procs
+
+
+def run_ranks(tmp_path, wait, scenario, world=2):
+    procs = start_ranks(tmp_path, wait, scenario, world)
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=180)
@@ -82,3 +107,26 @@ def test_a_dead_rank_0_is_a_writer_died_error_on_the_waiting_rank(tmp_path):
     (rc0, out0), (rc1, out1) = run_ranks(tmp_path, "file-lock", "die")
     assert rc0 == -9, out0
     assert rc1 == 0 and "WRITER DIED" in out1, out1
+
+
+@pytest.mark.parametrize("wait", ["file-lock", "manifest", "store"])
+@pytest.mark.parametrize("call", ["save", "load", "future"])
+def test_ctrl_c_ends_a_wait_promptly_with_keyboard_interrupt(tmp_path, wait, call):
+    rank0, rank1 = start_ranks(tmp_path, wait, "interrupt-" + call)
+    try:
+        for rank, word in ((rank0, "READY"), (rank1, "WAITING")):
+            # (PyTorch 2.x may warn first on the same stream)
+            lines = []
+            while not lines or lines[-1].strip() != word:
+                lines.append(rank.stdout.readline())
+                assert lines[-1], "".join(lines)
+        time.sleep(1.0)  # inside the wait (its timeout is 60 s)
+        rank1.send_signal(signal.SIGINT)
+        out, _ = rank1.communicate(timeout=20)
+        assert rank1.returncode == 0 and "INTERRUPTED after" in out, out
+        waited = float(out.split("INTERRUPTED after ")[1].split()[0])
+        assert waited < 5, f"Ctrl-C took {waited - 1:.1f} s to end the wait"
+    finally:
+        for p in (rank0, rank1):
+            p.kill()
+            p.wait()
