@@ -1,6 +1,8 @@
 // ckptio-bench: ckptio against raw I/O, torch::save/load and Python
 // torch.save/load on the same bytes, in one run, contenders alternating,
-// medians of --repeat runs. Prints a table and, with --json, the numbers.
+// medians of --repeat runs; and the Python package (when it is built beside
+// the binary, in <build>/python) against torch.save/load in Python. Prints
+// a table and, with --json, the numbers.
 //
 //   ckptio-bench [--dir DIR] [--size MiB] [--repeat N] [--json FILE]
 //                [--nfs nfs://server/export?version=3&nfsport=N&mountport=N]
@@ -156,22 +158,65 @@ if mode == "save":
     fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
     fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY); os.fsync(fd); os.close(fd)
     print(time.perf_counter() - t0)
-else:
+elif mode == "load":
     t0 = time.perf_counter()
     ts = torch.load(path)
     print(time.perf_counter() - t0)
+else:  # the ckptio package (path: a store), on the same tensors
+    import ckptio
+    buf = bytearray(open(raw, "rb").read())
+    ts = {"t%d" % i: torch.frombuffer(buf, dtype=torch.float32, count=elems, offset=i * elems * 4).clone() for i in range(count)}
+    ckpt = ckptio.Checkpointer(path, keep_last=1)
+    if mode == "pkg_save":  # durable: fsynced and committed when it returns
+        t0 = time.perf_counter()
+        ckpt.save(0, ts)
+        print(time.perf_counter() - t0)
+    elif mode == "pkg_load":  # verified, every tensor, onto the CPU
+        state = dict.fromkeys(ts)
+        t0 = time.perf_counter()
+        ckpt.load(state, map_location="cpu")
+        print(time.perf_counter() - t0)
+        assert torch.equal(state["t%d" % (count - 1)], ts["t%d" % (count - 1)])
+    else:  # pkg_async: its stall, and a copy of the state into touched memory
+        ckpt.save_async(1, ts).result()  # (allocates the staging memory)
+        dst = {k: torch.empty_like(v) for k, v in ts.items()}
+        for k, v in ts.items(): dst[k].copy_(v)
+        t0 = time.perf_counter()
+        for k, v in ts.items(): dst[k].copy_(v)
+        memcpy = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fut = ckpt.save_async(2, ts)
+        stall = time.perf_counter() - t0
+        fut.result()
+        print(stall, memcpy)
 )PY";
 
-double Python(const std::string& mode, const std::string& raw, const std::string& path,
-              const Shape& s, const std::string& script) {
+// The Python package built beside this binary (<build>/python), or "".
+std::string PythonPackageDir() {
+  std::error_code ec;
+  const fs::path dir =
+      fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path() / "python";
+  return !ec && fs::exists(dir / "ckptio" / "__init__.py") ? dir.string() : "";
+}
+
+// Runs the script's `mode` in a fresh python3; the numbers it prints.
+std::vector<double> PythonRun(const std::string& mode, const std::string& raw,
+                              const std::string& path, const Shape& s, const std::string& script,
+                              size_t numbers) {
   std::string cmd = "/usr/bin/python3 " + script + " " + mode + " " + raw + " " + path + " " +
                     std::to_string(s.count) + " " + std::to_string(s.elems);
+  if (mode.rfind("pkg_", 0) == 0) cmd = "PYTHONPATH='" + PythonPackageDir() + "' " + cmd;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) Die("popen python3");
-  double secs = -1;
-  if (std::fscanf(p, "%lf", &secs) != 1) secs = -1;
-  if (::pclose(p) != 0 || secs < 0) Die("python3 torch " + mode + " failed: " + cmd);
-  return secs;
+  std::vector<double> out(numbers, -1);
+  bool read = true;
+  for (double& x : out) read = read && std::fscanf(p, "%lf", &x) == 1 && x >= 0;
+  if (::pclose(p) != 0 || !read) Die("python3 " + mode + " failed: " + cmd);
+  return out;
+}
+double Python(const std::string& mode, const std::string& raw, const std::string& path,
+              const Shape& s, const std::string& script) {
+  return PythonRun(mode, raw, path, s, script, 1)[0];
 }
 
 // Raw libnfs I/O on the export of a v3 URI.
@@ -501,7 +546,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   app.add_option("--json", json_path, "write every number here");
   app.add_option("--nfs", nfs_uri, "also measure over this NFSv3 nfs:// URI (an export)");
-  app.add_flag("--no-python", no_python, "skip Python torch.save/load");
+  app.add_flag("--no-python", no_python, "skip Python: torch.save/load and the ckptio package");
   std::string gpu;
   app.add_option("--gpu", gpu,
                  "only measure the CUDA paths on this device (e.g. cuda:0): async save of "
@@ -517,6 +562,10 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
   const std::string script = dir + "/torch_bench.py";
   std::ofstream(script) << kPython;
+  // The Python package's contenders need it built beside this binary.
+  const bool py_package = !no_python && !PythonPackageDir().empty();
+  if (!no_python && !py_package)
+    std::printf("no Python package beside %s: its contenders are skipped\n", argv[0]);
 
   if (!gpu.empty()) {
     json out;
@@ -636,6 +685,18 @@ int main(int argc, char** argv) {
         RemoveAndSettle(pypt);
         t["python_save"].push_back(Python("save", raw, pypt, shape, script));
       }
+      // The Python package on the same tensors: save, warm load, async stall.
+      const std::string pystore = dir + "/py-store";
+      if (py_package) {
+        RemoveAndSettle(pystore);
+        t["python_ckptio_save"].push_back(Python("pkg_save", raw, pystore, shape, script));
+        t["python_ckptio_load"].push_back(Python("pkg_load", raw, pystore, shape, script));
+        RemoveAndSettle(pystore);
+        const auto async = PythonRun("pkg_async", raw, pystore, shape, script, 2);
+        t["python_ckptio_save_async_stall"].push_back(async[0]);
+        t["python_memcpy"].push_back(async[1]);
+        fs::remove_all(pystore);
+      }
       // Warm loads.
       std::vector<char> buf(static_cast<size_t>(fs::file_size(raw)));
       auto raw_read = [&] {
@@ -747,6 +808,20 @@ int main(int argc, char** argv) {
       sec("large", "memcpy") / sec("large", "ckptio_save_async_stall");
   ratios["load_vs_torch_load_cold"] =
       sec("large", "torch_load_cold") / sec("large", "ckptio_load_cold");
+  if (py_package) {
+    // The Python package against torch.save (+ fsync) and torch.load of the
+    // same tensors, both in Python (targets: >= 2, >= 5; the stall <= 1.5x
+    // a copy of the state: >= 0.67).
+    for (const char* shape : {"large", "small"}) {
+      const std::string suffix = std::string(shape) == "large" ? "" : "_small_tensors";
+      ratios["python_pkg_save_vs_torch_save" + suffix] =
+          sec(shape, "python_save") / sec(shape, "python_ckptio_save");
+      ratios["python_pkg_load_vs_torch_load" + suffix] =
+          sec(shape, "python_load") / sec(shape, "python_ckptio_load");
+      ratios["python_pkg_async_stall_vs_memcpy" + suffix] =
+          sec(shape, "python_memcpy") / sec(shape, "python_ckptio_save_async_stall");
+    }
+  }
   if (!no_python) {
     ratios["save_vs_python_save"] = sec("large", "python_save") / sec("large", "ckptio_save");
     ratios["load_vs_python_load"] = sec("large", "python_load") / sec("large", "ckptio_load");
