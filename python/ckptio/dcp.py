@@ -156,10 +156,6 @@ def _decode_metadata(text):
 
 # --- The plugin -------------------------------------------------------------
 
-def _uri_of(checkpoint_id):
-    return os.fspath(checkpoint_id)
-
-
 class StorageWriter(_dcp.StorageWriter):
     """Saves each ``dcp.save`` as a step of the ckptio store at ``uri`` (a
     path, ``file://`` or ``nfs://`` URI): ``step``, or the step after the
@@ -170,16 +166,15 @@ class StorageWriter(_dcp.StorageWriter):
 
     def __init__(self, uri, step=None, keep_last=0, lock_wait=60.0):
         super().__init__()
-        self.uri = _uri_of(uri)
+        self.uri = os.fspath(uri)
         self.step = step
         self.keep_last = int(keep_last)
         self.lock_wait = float(lock_wait)
-        self._coordinator = False
         self._pending = None  # the coordinator's step, from its global plan to finish
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
-            self.uri = _uri_of(checkpoint_id)
+            self.uri = os.fspath(checkpoint_id)
         self._abandon()
 
     def _abandon(self):
@@ -192,7 +187,7 @@ class StorageWriter(_dcp.StorageWriter):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     def set_up_storage_writer(self, is_coordinator):
-        self._coordinator = is_coordinator
+        pass  # (the coordinator is the writer that gets prepare_global_plan)
 
     def prepare_local_plan(self, plan):
         return plan
@@ -214,7 +209,7 @@ class StorageWriter(_dcp.StorageWriter):
         data = plan.storage_data
         results = []
         if plan.items:
-            pieces, items = [], []
+            pieces = []
             for item in plan.items:
                 value = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
@@ -222,7 +217,6 @@ class StorageWriter(_dcp.StorageWriter):
                 else:
                     pieces.append(value.detach().cpu().contiguous().view(-1).view(torch.uint8)
                                   if value.numel() else torch.empty(0, dtype=torch.uint8))
-                items.append(item)
             name = _object_of(data.index)
             if self._pending is not None:  # the coordinator writes into the step itself
                 at = self._pending.write(name, pieces)
@@ -231,13 +225,11 @@ class StorageWriter(_dcp.StorageWriter):
                 stripe = _ckptio.Store(self.uri).begin_stripe(data.step, data.index + 1)
                 at = stripe.write(name, pieces)
                 receipt = stripe.finish()  # the object is durable
-            for n, (item, (offset, length)) in enumerate(zip(items, at)):
+            for n, (item, (offset, length)) in enumerate(zip(plan.items, at)):
+                where = (_Receipted(name, offset, length, receipt) if n == 0 and receipt
+                         else _Item(name, offset, length))
                 results.append(WriteResult(index=item.index, size_in_bytes=length,
-                                           storage_data=_Item(name, offset, length)))
-            if receipt is not None:
-                results[0] = dataclasses.replace(results[0], storage_data=_Receipted(
-                    name, results[0].storage_data.offset, results[0].storage_data.length,
-                    receipt))
+                                           storage_data=where))
         fut = torch.futures.Future()
         fut.set_result(results)
         return fut
@@ -283,7 +275,7 @@ class StorageReader(_dcp.StorageReader):
 
     def __init__(self, uri, step=None, process_group=None):
         super().__init__()
-        self.uri = _uri_of(uri)
+        self.uri = os.fspath(uri)
         self.step = step
         self.process_group = process_group
         self._reader = None
@@ -291,7 +283,7 @@ class StorageReader(_dcp.StorageReader):
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
-            self.uri = _uri_of(checkpoint_id)
+            self.uri = os.fspath(checkpoint_id)
         self._reader = self._metadata = None
 
     @classmethod
