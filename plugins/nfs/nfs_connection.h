@@ -212,7 +212,8 @@ class Connection {
   // handle tells them apart: ESTALE for a file replaced (by a rename) since
   // it was opened, an error for a broken connection, an answer when the
   // server refused the call itself. After a refused WRITE of `bytes` bytes,
-  // FSSTAT on `dir` tells whether the server is out of space.
+  // FSSTAT on `dir` tells whether the server is out of space. A GETATTR
+  // that times out reports the server as not answering (see InQuiet).
   Status CallError(struct nfs_context* on, struct nfsfh* fh, int rc, const std::string& what,
                    const std::string& dir = "", uint64_t bytes = 0, const char* text = nullptr);
 

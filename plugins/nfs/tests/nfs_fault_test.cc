@@ -80,12 +80,14 @@ class NfsFault : public ::testing::TestWithParam<int> {
 };
 
 Status Save(Store& store, int64_t step, size_t bytes) {
+  // Made before the save begins: tests time the save from its step's
+  // directory appearing, and 256 MiB take seconds to make under ASan.
+  const std::string data = RandomBytes(bytes, static_cast<uint64_t>(step));
   WriterOptions o;
   o.chunk_size = 1 << 20;
   o.lock_wait = milliseconds(20000);  // a restarted server may still hold the old lock
   CKPTIO_ASSIGN_OR_RETURN(auto w, store.OpenWriter(o));
   CKPTIO_ASSIGN_OR_RETURN(auto p, w->Begin(step));
-  const std::string data = RandomBytes(bytes, static_cast<uint64_t>(step));
   CKPTIO_RETURN_IF_ERROR(p->PutObject("model.safetensors", data.data(), data.size()));
   return p->Commit().status();
 }
