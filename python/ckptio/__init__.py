@@ -149,7 +149,7 @@ class Checkpointer:
         def check(metadata, tensors):
             decoded.update(_state.decode_step(state, metadata, tensors))
 
-        got, _skipped, _tensors, _metadata = self._core.load(
+        got, _skipped = self._core.load(
             _state.module_request(state), step, _map_location(map_location), check)
         if got is not None:
             _state.apply(state, decoded)

@@ -12,7 +12,9 @@ A state is a dict of top-level items:
 
 Values are encoded as JSON with tags, kept in the step's metadata under
 ``ckptio.python``; every tensor inside goes to the step's named tensors as
-"<key>/<path>" and the JSON names it. Top-level ints and strs are also
+"<key>/<path>" and the JSON names it. Top-level tensors have no entry there
+(a state of 10,000 tensors would spend milliseconds on JSON for nothing):
+a named tensor without "/" is one, in steps from C++ as well. Top-level ints and strs are also
 plain metadata entries, which the C++ ``State::GetInt`` reads.
 """
 import base64
@@ -24,6 +26,11 @@ import torch
 TREE_KEY = "ckptio.python"
 FORMAT = 1
 _ITEM_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,159}$")
+
+
+# A top-level tensor's item: it has no entry in the tree (steps saved before
+# that have one, as do none from C++).
+_TENSOR_ITEM = {"kind": "tensor"}
 
 
 def _path_str(path):
@@ -129,6 +136,7 @@ def plan_save(state):
             plan.modules[key] = list(value.state_dict(keep_vars=True).items())
         elif kind == "tensor":
             plan.tensors[key] = value
+            continue  # no entry: the named tensor "<key>" is the item
         elif kind == "state_dict":
             items[key] = {"kind": kind, "value": _encode(value.state_dict(), key, (), plan.tensors)}
             continue
@@ -177,10 +185,8 @@ def decode_step(state, metadata, tensors):
 def _decode_step(state, metadata, tensors):
     tree = metadata.get(TREE_KEY)
     if tree is None:  # saved by the C++ Checkpointer: modules, tensors, metadata
-        items = {k: {"kind": "tensor"} for k in tensors if "/" not in k}
-        for k, v in state.items():
-            if kind_of(v) == "value" and k in metadata and k not in items:
-                items[k] = {"kind": "cxx_metadata"}
+        items = {k: {"kind": "cxx_metadata"} for k, v in state.items()
+                 if kind_of(v) == "value" and k in metadata and k not in tensors}
     else:
         try:
             tree = json.loads(tree)
@@ -196,10 +202,16 @@ def _decode_step(state, metadata, tensors):
         if kind == "module":
             continue  # loaded in place by the core
         entry = items.get(key)
+        if entry is None and key in tensors:  # a top-level tensor (keys hold no "/")
+            entry = _TENSOR_ITEM
         if entry is None:
+            held = sorted(set(items) | {k for k in tensors if "/" not in k})
             raise ValueError(f"state[{key!r}]: the step holds no item {key!r} (it holds "
-                             f"{sorted(items)[:20]})")
+                             f"{held[:20]})")
         if entry["kind"] == "tensor":
+            if kind == "state_dict":
+                raise ValueError(f"state[{key!r}] has state_dict(), but the step saved a "
+                                 f"tensor under {key!r}")
             if key not in tensors:
                 raise ValueError(f"state[{key!r}]: the step lists tensor {key!r} but does not "
                                  "hold it")

@@ -145,6 +145,30 @@ def test_a_load_that_does_not_fit_raises_and_changes_nothing(store):
         ckpt.load({"model": model2, "missing": 1})
 
 
+def test_top_level_tensors_are_items_of_their_own(store):
+    # They are the step's named tensors, without an entry in the step's tree
+    # (so 10,000 of them cost no JSON), and load as any other item.
+    ckpt = ckptio.Checkpointer(store)
+    w, b = torch.randn(3, 4), torch.arange(5)
+    ckpt.save(1, {"w": w, "b": b, "epoch": 3, "nested": {"t": w}})
+    with open(os.path.join(store, "step-000000000001", "MANIFEST.json")) as f:
+        items = json.loads(json.load(f)["metadata"]["user.ckptio.python"])["items"]
+    assert sorted(items) == ["epoch", "nested"]
+    state = {"w": None, "b": None, "epoch": 0, "nested": None}
+    assert ckpt.load(state) == 1
+    assert torch.equal(state["w"], w) and torch.equal(state["b"], b) and state["epoch"] == 3
+    assert torch.equal(state["nested"]["t"], w)
+    with pytest.raises(ValueError, match=r"holds no item 'x' \(it holds \['b', 'epoch', "
+                                         r"'nested', 'w'\]\)"):
+        ckpt.load({"w": None, "x": None})
+    # An object with state_dict() is not replaced by a tensor; nothing changes.
+    optim = torch.optim.SGD(torch.nn.Linear(4, 3).parameters(), lr=0.1)
+    state = {"w": optim, "epoch": 0}
+    with pytest.raises(ValueError, match="has state_dict.., but the step saved a tensor under 'w'"):
+        ckpt.load(state)
+    assert state["w"] is optim and state["epoch"] == 0
+
+
 def test_a_corrupt_newest_step_is_skipped_for_the_previous_one(store, capfd):
     model = make_model(7)
     ckpt = ckptio.Checkpointer(store)
