@@ -13,8 +13,8 @@ A state is a dict of top-level items:
 Values are encoded as JSON with tags, kept in the step's metadata under
 ``ckptio.python``; every tensor inside goes to the step's named tensors as
 "<key>/<path>" and the JSON names it. Top-level tensors have no entry there
-(a state of 10,000 tensors would spend milliseconds on JSON for nothing):
-a named tensor without "/" is one, in steps from C++ as well. Top-level ints and strs are also
+(10,000 of them would cost milliseconds of JSON for nothing): a named tensor
+without "/" is one, as in steps from C++. Top-level ints and strs are also
 plain metadata entries, which the C++ ``State::GetInt`` reads.
 """
 import base64
@@ -28,8 +28,8 @@ FORMAT = 1
 _ITEM_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,159}$")
 
 
-# A top-level tensor's item: it has no entry in the tree (steps saved before
-# that have one, as do none from C++).
+# The item of a top-level tensor, which has no entry in the tree (steps
+# saved before that change list it; steps from C++ have no tree).
 _TENSOR_ITEM = {"kind": "tensor"}
 
 
