@@ -330,6 +330,10 @@ Status Connection::MakeDir(const std::string& path, bool in_store) {
   int rc = nfs_mkdir(ctx, path.c_str());
   if (rc == 0) return OkStatus();
   Status error = Error(rc, "mkdir " + path);
+  // A server that did not answer (or a connection that broke) is not asked
+  // whether the folder is there: the save cannot go on before the quiet
+  // ends, and the look would wait out the deadline again.
+  if (Broken(ctx)) return error;
   struct nfs_stat_64 st;
   if (!in_store) {  // the user's path to the store: links there are theirs
     if (rc == -EEXIST) return OkStatus();

@@ -171,16 +171,21 @@ class NfsWriter : public ObjectWriter {
   // temp's name is gone for sure and the target is the temp's file. Any
   // other answer (an error looking, another file of the same size under
   // the target: LATEST always has one) means no.
+  // A look that times out (the server hangs) starts the quiet again (see
+  // ErrorOn), so the calls that clean up after it fail at once.
   bool RenameHappened() {
     struct nfs_stat_64 st;
-    if (nfs_lstat64(ctx_, tmp_.c_str(), &st) != -ENOENT) return false;
-    return TargetIsOurs();
+    const int rc = nfs_lstat64(ctx_, tmp_.c_str(), &st);
+    if (rc == -ENOENT) return TargetIsOurs();
+    if (rc < 0) (void)c_->ErrorOn(ctx_, rc, "stat " + tmp_);
+    return false;
   }
   // Whether the target is the temp's file (after a failed RENAME or LINK).
   bool TargetIsOurs() {
     struct nfs_stat_64 st;
-    return nfs_lstat64(ctx_, target_.c_str(), &st) == 0 && S_ISREG(st.nfs_mode) &&
-           st.nfs_ino == ino_;
+    const int rc = nfs_lstat64(ctx_, target_.c_str(), &st);
+    if (rc < 0 && rc != -ENOENT) (void)c_->ErrorOn(ctx_, rc, "stat " + target_);
+    return rc == 0 && S_ISREG(st.nfs_mode) && st.nfs_ino == ino_;
   }
 
   // Removes the temp (callers hold mu).

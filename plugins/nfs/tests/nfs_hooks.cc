@@ -62,6 +62,10 @@ int RealRename(nfs_context* n, const char* a, const char* b) {
   static auto real = CKPTIO_REAL(nfs_rename);
   return real(n, a, b);
 }
+int RealMkdir(nfs_context* n, const char* path) {
+  static auto real = CKPTIO_REAL(nfs_mkdir);
+  return real(n, path);
+}
 int RealStat(nfs_context* n, const char* p, nfs_stat_64* st, bool follow) {
   static auto real_stat = CKPTIO_REAL(nfs_stat64);
   static auto real_lstat = CKPTIO_REAL(nfs_lstat64);
@@ -151,6 +155,10 @@ extern "C" {
 int nfs_rename(struct nfs_context* n, const char* a, const char* b) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::rename)) return h(n, a, b);
   return nfs_hooks::RealRename(n, a, b);
+}
+int nfs_mkdir(struct nfs_context* n, const char* path) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::mkdir)) return h(n, path);
+  return nfs_hooks::RealMkdir(n, path);
 }
 int nfs_stat64(struct nfs_context* n, const char* p, struct nfs_stat_64* st) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::stat)) {

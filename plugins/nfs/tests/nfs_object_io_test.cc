@@ -82,6 +82,50 @@ TEST_P(NfsBackendFaults, AFailedRenameIsNotTakenForDoneByTheTargetsSize) {
   EXPECT_EQ(ReadLocal(dir_ + "/LATEST"), "step-0003");
 }
 
+// A MKDIR that timed out (the server hangs) fails the write at once: the
+// folder is not looked for (that look would wait out the deadline again,
+// and the connection is not used after a timeout). One refused because the
+// folder exists is looked at, and the write goes on.
+TEST_P(NfsBackendFaults, AMkdirThatTimedOutIsNotFollowedByALook) {
+  std::atomic<int> mkdirs{0}, looks{0};
+  {
+    nfs_hooks::Hooks h;
+    h.mkdir = [&](nfs_context* n, const char* path) {
+      ++mkdirs;
+      EXPECT_EQ(nfs_hooks::RealMkdir(n, path), 0);
+      return nfs_hooks::Fail(n, -EINTR, "Command timed out");  // done, the reply lost
+    };
+    h.stat = [&](nfs_context*, const char* path, nfs_stat_64*) {
+      if (std::strstr(path, "/made")) ++looks;
+      return 1;
+    };
+    nfs_hooks::Scope scope(h);
+    Status s = Put(*backend_, "made/obj", "bytes");
+    EXPECT_EQ(s.code(), Code::kUnavailable) << s;
+    EXPECT_TRUE(Contains(s.message(), "did not answer")) << s;
+  }
+  EXPECT_EQ(mkdirs.load(), 1);
+  EXPECT_EQ(looks.load(), 0) << "the folder was looked for after its MKDIR timed out";
+  // Refused as existing: looked at, and the write goes on (on a new
+  // connection, once the quiet after the timeout is over).
+  backend_ = Backend();
+  ASSERT_TRUE(backend_);
+  {
+    nfs_hooks::Hooks h;
+    h.mkdir = [&](nfs_context* n, const char*) {
+      return nfs_hooks::Fail(n, -EEXIST, "mkdir call failed with \"NFS3ERR_EXIST(-17)\"");
+    };
+    h.stat = [&](nfs_context*, const char* path, nfs_stat_64*) {
+      if (std::strstr(path, "/made")) ++looks;
+      return 1;
+    };
+    nfs_hooks::Scope scope(h);
+    CKPTIO_EXPECT_OK(Put(*backend_, "made/obj", "bytes"));
+  }
+  EXPECT_GE(looks.load(), 1);
+  EXPECT_EQ(ReadLocal(dir_ + "/made/obj"), "bytes");
+}
+
 // libnfs reports a broken connection as EFAULT: that is Unavailable, and
 // not retried as if the file had been replaced.
 TEST_P(NfsBackendFaults, ABrokenConnectionIsUnavailableAndNotRetried) {
