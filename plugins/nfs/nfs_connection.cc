@@ -386,12 +386,9 @@ Status Connection::CallError(struct nfs_context* on, struct nfsfh* fh, int rc,
   struct nfs_stat_64 st;
   int probe = nfs_fstat64(on, fh, &st);
   if (probe == -ESTALE) return ErrorOn(on, probe, what);
-  // A probe the server did not answer: it hangs, whatever the WRITE's
-  // error was, so that is reported (and the calls after it fail at once
-  // rather than each waiting out the deadline again).
-  if (probe < 0 && Classify(probe, nfs_get_error(on)) == Kind::kTimeout)
-    return ErrorOn(on, probe, what);
-  if (probe < 0) return ErrorOn(on, rc, what);  // the connection failed
+  // The connection failed, or the server did not answer the probe (its
+  // error text, the connection's last, makes that a timeout).
+  if (probe < 0) return ErrorOn(on, rc, what);
   const std::string where = what + " on " + uri + ": the server refused it";
   std::string known;
   struct nfs_statvfs_64 fs;

@@ -82,6 +82,28 @@ TEST_P(NfsBackendFaults, AFailedRenameIsNotTakenForDoneByTheTargetsSize) {
   EXPECT_EQ(ReadLocal(dir_ + "/LATEST"), "step-0003");
 }
 
+// A READ or WRITE failed with EFAULT whose GETATTR probe then times out is
+// the server not answering: told so, and the quiet starts (the next call
+// fails at once instead of reconnecting to the hung server).
+TEST_P(NfsBackendFaults, AnEfaultWhoseProbeTimesOutIsAServerNotAnswering) {
+  ASSERT_TRUE(Put(*backend_, "small", "bytes").ok());
+  nfs_hooks::Hooks h;
+  h.pread = [&](nfs_context* n, nfsfh*, uint64_t, uint64_t, void*) {
+    return nfs_hooks::Fail(n, -EFAULT, "pread call failed with \"F\"");
+  };
+  h.fstat = [&](nfs_context* n, nfsfh*, nfs_stat_64*) {
+    return nfs_hooks::Fail(n, -EINTR, "Command timed out");
+  };
+  nfs_hooks::Scope scope(h);
+  auto got = Get(*backend_, "small");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), Code::kUnavailable) << got.status();
+  EXPECT_TRUE(Contains(got.status().message(), "did not answer")) << got.status();
+  auto again = Get(*backend_, "small");
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(Contains(again.status().message(), "not reconnecting")) << again.status();
+}
+
 // A MKDIR that timed out (the server hangs) fails the write at once: the
 // folder is not looked for (that look would wait out the deadline again,
 // and the connection is not used after a timeout). One refused because the
