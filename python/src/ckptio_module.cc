@@ -104,7 +104,7 @@ class PySaveFuture {
 
 // A load through `load` (a Checkpointer's, or the one-liner's). Returns
 // (step or None, [(skipped step, why)]). The modules are loaded in place;
-// `before_apply(metadata, {name: tensor})` gets the step's metadata and
+// `before_apply(metadata, {name: tensor})`, unless None, gets the step's metadata and
 // every named tensor (the Python layer rebuilds the rest from them) once
 // the step is verified and staged, before any module changes: an exception
 // there fails the load with nothing changed. (They are handed over once:
@@ -119,17 +119,19 @@ py::tuple LoadWith(const Modules& modules, std::optional<int64_t> step,
   o.step = step;
   o.map_location = ToMapLocation(map_location, kept);
   o.other_tensors = true;
-  o.before_apply = [&before_apply, &kept](const Metadata& metadata, const LoadResult& r) -> Status {
-    py::gil_scoped_acquire gil;
-    try {
-      before_apply(metadata, r.tensors);
-      return OkStatus();
-    } catch (py::error_already_set& e) {
-      std::string what = e.what();
-      kept.Keep(std::move(e));
-      return Status(Code::kInvalidArgument, what);
-    }
-  };
+  if (!before_apply.is_none())
+    o.before_apply = [&before_apply, &kept](const Metadata& metadata,
+                                            const LoadResult& r) -> Status {
+      py::gil_scoped_acquire gil;
+      try {
+        before_apply(metadata, r.tensors);
+        return OkStatus();
+      } catch (py::error_already_set& e) {
+        std::string what = e.what();
+        kept.Keep(std::move(e));
+        return Status(Code::kInvalidArgument, what);
+      }
+    };
   Result<LoadResult> got = Interruptible(kept, [&] { return load(state, o); });
   if (!got.ok()) Raise(got.status());
   py::list skipped;
