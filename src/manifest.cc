@@ -113,47 +113,51 @@ Status CheckText(std::string_view where, std::string_view path, std::string_view
   return OkStatus();
 }
 
-// Reads members of one JSON object, remembering which were consumed so that
-// unknown members can be reported. Every error names the field's path.
+// Reads members of one JSON object of a tape, remembering which were
+// consumed so that unknown members can be reported. Every error names the
+// field's path.
 class Fields {
  public:
-  Fields(const json& obj, std::string path, std::string_view where)
-      : obj_(obj), path_(std::move(path)), where_(where) {}
+  Fields(const JsonTape& tape, uint32_t obj, std::string path, std::string_view where)
+      : tape_(tape), obj_(obj), path_(std::move(path)), where_(where) {}
 
   Status Error(std::string_view field, std::string_view what) const {
     return FieldError(where_, Join(field), what);
   }
 
-  // `name` must outlive this object (callers pass literals).
-  Result<const json*> Get(std::string_view name) {
+  // The member `name` (its index in the tape). `name` must outlive this
+  // object (callers pass literals). Objects here have a handful of members:
+  // a scan beats a map.
+  Result<uint32_t> Get(std::string_view name) {
     seen_.push_back(name);
-    auto it = obj_.find(name);
-    if (it == obj_.end()) return Error(name, "missing");
-    return &*it;
+    for (uint32_t j = JsonTape::first(obj_); j < tape_[obj_].end; j = tape_[j].end)
+      if (tape_.key(j) == name) return j;
+    return Error(name, "missing");
   }
 
   Result<int64_t> Int(std::string_view name, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
-    CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
-    if (!v->is_number_integer()) return Error(name, "expected an integer");
-    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
+    CKPTIO_ASSIGN_OR_RETURN(uint32_t i, Get(name));
+    const JsonValue& v = tape_[i];
+    if (!v.is_integer()) return Error(name, "expected an integer");
+    if (v.is_unsigned() && v.unsigned_integer > uint64_t(INT64_MAX))
       return Error(name, "out of range");
-    const int64_t x = v->get<int64_t>();
+    const int64_t x = v.is_unsigned() ? static_cast<int64_t>(v.unsigned_integer) : v.integer;
     CKPTIO_RETURN_IF_ERROR(CheckRange(where_, Join(name), x, lo, hi));
     return x;
   }
 
   Result<uint64_t> Uint(std::string_view name) {
-    CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
-    if (!v->is_number_unsigned()) return Error(name, "expected an unsigned integer");
-    return v->get<uint64_t>();
+    CKPTIO_ASSIGN_OR_RETURN(uint32_t i, Get(name));
+    if (!tape_[i].is_unsigned()) return Error(name, "expected an unsigned integer");
+    return tape_[i].unsigned_integer;
   }
 
   Result<std::string> Str(std::string_view name, size_t max_bytes = SIZE_MAX) {
-    CKPTIO_ASSIGN_OR_RETURN(const json* v, Get(name));
-    if (!v->is_string()) return Error(name, "expected a string");
-    const auto& s = v->get_ref<const std::string&>();
+    CKPTIO_ASSIGN_OR_RETURN(uint32_t i, Get(name));
+    if (!tape_[i].is_string()) return Error(name, "expected a string");
+    const std::string_view s = tape_.str(i);
     CKPTIO_RETURN_IF_ERROR(CheckText(where_, Join(name), s, max_bytes));
-    return s;
+    return std::string(s);
   }
 
   Result<Hash128> Hash(std::string_view name) {
@@ -163,12 +167,26 @@ class Fields {
     return *h;
   }
 
+  // An object of strings (metadata, a record's fields), into `out`; at most
+  // `max` entries.
+  Status StringMap(std::string_view name, size_t max, std::map<std::string, std::string>& out) {
+    CKPTIO_ASSIGN_OR_RETURN(uint32_t i, Get(name));
+    if (!tape_[i].is_object()) return Error(name, "expected an object");
+    CKPTIO_RETURN_IF_ERROR(CheckCount(where_, Join(name), tape_[i].count, max, "entries"));
+    for (uint32_t j = JsonTape::first(i); j < tape_[i].end; j = tape_[j].end) {
+      if (!tape_[j].is_string())
+        return Error(std::string(name) + "." + std::string(tape_.key(j)), "expected a string");
+      out.emplace(tape_.key(j), tape_.str(j));
+    }
+    return OkStatus();
+  }
+
   // Unknown members are errors: a reader must not silently ignore fields a
   // newer writer relied on.
   Status NoOthers() const {
-    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-      if (std::find(seen_.begin(), seen_.end(), it.key()) == seen_.end())
-        return Error(it.key(), "unknown field");
+    for (uint32_t j = JsonTape::first(obj_); j < tape_[obj_].end; j = tape_[j].end) {
+      if (std::find(seen_.begin(), seen_.end(), tape_.key(j)) == seen_.end())
+        return Error(tape_.key(j), "unknown field");
     }
     return OkStatus();
   }
@@ -178,15 +196,27 @@ class Fields {
   }
 
  private:
-  const json& obj_;
+  const JsonTape& tape_;
+  uint32_t obj_;
   std::string path_;
   std::string_view where_;
   std::vector<std::string_view> seen_;  // a handful per object: a set would cost more
 };
 
-// Parses `bytes` as one JSON object, strictly, then checks and strips the
+// A sealed file, parsed and its self-checksum checked: the document's
+// members (the checksum among them, already consumed) through Fields.
+struct Sealed {
+  JsonTape tape;
+  Fields Root(std::string_view where) const {
+    Fields f(tape, 0, "", where);
+    (void)f.Get(kChecksumKey);
+    return f;
+  }
+};
+
+// Parses `bytes` as one JSON object, strictly, then checks the
 // self-checksum.
-Result<json> ParseSealed(std::string_view bytes, std::string_view where, size_t max_bytes) {
+Result<Sealed> ParseSealed(std::string_view bytes, std::string_view where, size_t max_bytes) {
   auto error = [&](const std::string& what) {
     return Status(Code::kDataLoss, std::string(where) + ": " + what);
   };
@@ -194,21 +224,43 @@ Result<json> ParseSealed(std::string_view bytes, std::string_view where, size_t 
     return error("is " + std::to_string(bytes.size()) + " bytes, over the " +
                  std::to_string(max_bytes) + "-byte limit");
   if (bytes.empty()) return error("is empty (torn write?)");
-  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseStrictJson(bytes, kMaxJsonDepth, where));
-  if (!obj.is_object()) return error("expected a JSON object");
-  auto it = obj.find(std::string(kChecksumKey));
-  if (it == obj.end() || !it->is_string())
+  Sealed sealed;
+  CKPTIO_ASSIGN_OR_RETURN(sealed.tape, ParseStrictJson(bytes, kMaxJsonDepth, where));
+  const JsonTape& tape = sealed.tape;
+  if (!tape[0].is_object()) return error("expected a JSON object");
+  uint32_t seal = tape[0].end;
+  for (uint32_t j = JsonTape::first(0); j < tape[0].end; j = tape[j].end)
+    if (tape.key(j) == kChecksumKey) seal = j;
+  if (seal == tape[0].end || !tape[seal].is_string())
     return error("field 'checksum' is missing or not a string");
   // Compared as text: the writer emits lowercase hex, so any other spelling
   // (even one naming the same value) is damage.
-  const std::string expected = it->get<std::string>();
+  const std::string expected(tape.str(seal));
   if (!Hash128::FromHex(expected)) return error("field 'checksum' is not 32 hex digits");
-  obj.erase(it);
-  const std::string actual = HashBytes(obj.dump()).Hex();
+  // The seal covers the canonical form of the rest. A file as SealBody
+  // writes it holds that form with the seal in front and newlines added
+  // (JSON strings hold none raw): hashed as it stands, without
+  // re-serialising. Any other spelling of the same document is
+  // re-serialised.
+  const std::string head = "{\"" + std::string(kChecksumKey) + "\":\"" + expected + '"';
+  std::string actual;
+  if (bytes.substr(0, head.size()) == head && bytes.size() > head.size() &&
+      (bytes[head.size()] == ',' || bytes[head.size()] == '}')) {
+    std::string body = "{";
+    body.reserve(bytes.size());
+    for (char c : bytes.substr(head.size() + (bytes[head.size()] == ',' ? 1 : 0)))
+      if (c != '\n') body += c;
+    actual = HashBytes(body).Hex();
+  }
+  if (actual != expected) {
+    json obj = TapeToJson(tape);
+    obj.erase(std::string(kChecksumKey));
+    actual = HashBytes(obj.dump()).Hex();
+  }
   if (actual != expected)
     return error("self-checksum mismatch (expected \"" + Printable(expected) + "\", computed " +
                  actual + "): the file is corrupt");
-  return obj;
+  return sealed;
 }
 
 Status CheckFormat(Fields& f, std::string_view expected_format, int supported_version,
@@ -356,10 +408,11 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
   return OkStatus();
 }
 
-// A manifest from its JSON (without the checksum): members, types and
-// formats; CheckManifest checks the content.
-Result<Manifest> ManifestFromJson(const json& obj, std::string_view where) {
-  Fields f(obj, "", where);
+// A manifest from its parsed file: members, types and formats;
+// CheckManifest checks the content.
+Result<Manifest> ManifestFromJson(const Sealed& sealed, std::string_view where) {
+  const JsonTape& tape = sealed.tape;
+  Fields f = sealed.Root(where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-manifest", kManifestFormatVersion, where));
   Manifest m;
   m.format_version = kManifestFormatVersion;
@@ -370,29 +423,27 @@ Result<Manifest> ManifestFromJson(const json& obj, std::string_view where) {
   CKPTIO_ASSIGN_OR_RETURN(m.created_unix_ms, f.Int("created_unix_ms"));
   CKPTIO_ASSIGN_OR_RETURN(m.writer, f.Str("writer"));
 
-  CKPTIO_ASSIGN_OR_RETURN(const json* objects, f.Get("objects"));
-  if (!objects->is_array()) return f.Error("objects", "expected an array");
-  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "objects", objects->size(), kMaxObjects, "objects"));
-  m.objects.reserve(objects->size());
-  for (size_t i = 0; i < objects->size(); ++i) {
-    const json& o = (*objects)[i];
+  CKPTIO_ASSIGN_OR_RETURN(uint32_t objects, f.Get("objects"));
+  if (!tape[objects].is_array()) return f.Error("objects", "expected an array");
+  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "objects", tape[objects].count, kMaxObjects, "objects"));
+  m.objects.reserve(tape[objects].count);
+  size_t i = 0;
+  for (uint32_t o = JsonTape::first(objects); o < tape[objects].end; o = tape[o].end, ++i) {
     std::string path = "objects[" + std::to_string(i) + "]";
-    if (!o.is_object()) return f.Error(path, "expected an object");
-    Fields of(o, path, where);
+    if (!tape[o].is_object()) return f.Error(path, "expected an object");
+    Fields of(tape, o, path, where);
     ObjectEntry e;
     CKPTIO_ASSIGN_OR_RETURN(e.name, of.Str("name"));
     CKPTIO_ASSIGN_OR_RETURN(e.size, of.Uint("size"));
     CKPTIO_ASSIGN_OR_RETURN(e.chunk_size, of.Uint("chunk_size"));
     CKPTIO_ASSIGN_OR_RETURN(e.hash, of.Hash("xxh3_128"));
-    CKPTIO_ASSIGN_OR_RETURN(const json* chunks, of.Get("chunks"));
-    if (!chunks->is_array()) return of.Error("chunks", "expected an array");
-    e.chunks.reserve(chunks->size());
-    for (size_t c = 0; c < chunks->size(); ++c) {
-      const json& h = (*chunks)[c];
-      auto parsed =
-          h.is_string() ? Hash128::FromHex(h.get_ref<const std::string&>()) : std::nullopt;
+    CKPTIO_ASSIGN_OR_RETURN(uint32_t chunks, of.Get("chunks"));
+    if (!tape[chunks].is_array()) return of.Error("chunks", "expected an array");
+    e.chunks.reserve(tape[chunks].count);
+    for (uint32_t h = JsonTape::first(chunks); h < tape[chunks].end; h = tape[h].end) {
+      auto parsed = tape[h].is_string() ? Hash128::FromHex(tape.str(h)) : std::nullopt;
       if (!parsed)
-        return of.Error("chunks[" + std::to_string(c) + "]",
+        return of.Error("chunks[" + std::to_string(e.chunks.size()) + "]",
                         "expected 32 hex digits (an XXH3-128)");
       e.chunks.push_back(*parsed);
     }
@@ -400,26 +451,27 @@ Result<Manifest> ManifestFromJson(const json& obj, std::string_view where) {
     m.objects.push_back(std::move(e));
   }
 
-  CKPTIO_ASSIGN_OR_RETURN(const json* tensors, f.Get("tensors"));
-  if (!tensors->is_array()) return f.Error("tensors", "expected an array");
-  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "tensors", tensors->size(), kMaxTensors, "tensors"));
-  m.tensors.reserve(tensors->size());
-  for (size_t i = 0; i < tensors->size(); ++i) {
-    const json& t = (*tensors)[i];
+  CKPTIO_ASSIGN_OR_RETURN(uint32_t tensors, f.Get("tensors"));
+  if (!tape[tensors].is_array()) return f.Error("tensors", "expected an array");
+  CKPTIO_RETURN_IF_ERROR(CheckCount(where, "tensors", tape[tensors].count, kMaxTensors, "tensors"));
+  m.tensors.reserve(tape[tensors].count);
+  i = 0;
+  for (uint32_t t = JsonTape::first(tensors); t < tape[tensors].end; t = tape[t].end, ++i) {
     std::string path = "tensors[" + std::to_string(i) + "]";
-    if (!t.is_object()) return f.Error(path, "expected an object");
-    Fields tf(t, path, where);
+    if (!tape[t].is_object()) return f.Error(path, "expected an object");
+    Fields tf(tape, t, path, where);
     TensorEntry e;
     CKPTIO_ASSIGN_OR_RETURN(e.name, tf.Str("name"));
     CKPTIO_ASSIGN_OR_RETURN(e.object, tf.Str("object"));
     CKPTIO_ASSIGN_OR_RETURN(e.dtype, tf.Str("dtype"));
-    CKPTIO_ASSIGN_OR_RETURN(const json* shape, tf.Get("shape"));
-    if (!shape->is_array() || shape->size() > kMaxTensorRank)
+    CKPTIO_ASSIGN_OR_RETURN(uint32_t shape, tf.Get("shape"));
+    if (!tape[shape].is_array() || tape[shape].count > kMaxTensorRank)
       return tf.Error("shape", "expected an array of at most 32 sizes");
-    for (const json& d : *shape) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
+    e.shape.reserve(tape[shape].count);
+    for (uint32_t d = JsonTape::first(shape); d < tape[shape].end; d = tape[d].end) {
+      if (!tape[d].is_unsigned() || tape[d].unsigned_integer > uint64_t(INT64_MAX))
         return tf.Error("shape", "sizes must be non-negative integers");
-      e.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+      e.shape.push_back(static_cast<int64_t>(tape[d].unsigned_integer));
     }
     CKPTIO_ASSIGN_OR_RETURN(e.device, tf.Str("device"));
     CKPTIO_ASSIGN_OR_RETURN(e.offset, tf.Uint("offset"));
@@ -428,14 +480,7 @@ Result<Manifest> ManifestFromJson(const json& obj, std::string_view where) {
     m.tensors.push_back(std::move(e));
   }
 
-  CKPTIO_ASSIGN_OR_RETURN(const json* meta, f.Get("metadata"));
-  if (!meta->is_object()) return f.Error("metadata", "expected an object");
-  CKPTIO_RETURN_IF_ERROR(
-      CheckCount(where, "metadata", meta->size(), kMaxMetadataEntries, "entries"));
-  for (auto it = meta->begin(); it != meta->end(); ++it) {
-    if (!it->is_string()) return f.Error("metadata." + it.key(), "expected a string");
-    m.metadata.emplace(it.key(), it->get<std::string>());
-  }
+  CKPTIO_RETURN_IF_ERROR(f.StringMap("metadata", kMaxMetadataEntries, m.metadata));
   CKPTIO_RETURN_IF_ERROR(f.NoOthers());
   return m;
 }
@@ -559,8 +604,8 @@ Result<std::string> SerializeCheckedManifest(const Manifest& m, std::string_view
 }
 
 Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
-  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxManifestBytes));
-  CKPTIO_ASSIGN_OR_RETURN(Manifest m, ManifestFromJson(obj, where));
+  CKPTIO_ASSIGN_OR_RETURN(Sealed sealed, ParseSealed(bytes, where, kMaxManifestBytes));
+  CKPTIO_ASSIGN_OR_RETURN(Manifest m, ManifestFromJson(sealed, where));
   CKPTIO_RETURN_IF_ERROR(CheckManifest(m, where));
   return m;
 }
@@ -592,8 +637,8 @@ std::string SerializeLatest(const Latest& l) {
 }
 
 Result<Latest> ParseLatest(std::string_view bytes, std::string_view where) {
-  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxLatestBytes));
-  Fields f(obj, "", where);
+  CKPTIO_ASSIGN_OR_RETURN(Sealed sealed, ParseSealed(bytes, where, kMaxLatestBytes));
+  Fields f = sealed.Root(where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-latest", kLatestFormatVersion, where));
   Latest l;
   CKPTIO_ASSIGN_OR_RETURN(l.step, f.Int("step", 0, kMaxStep));
@@ -613,8 +658,8 @@ std::string SerializeWriterRecord(const WriterRecord& w) {
 }
 
 Result<WriterRecord> ParseWriterRecord(std::string_view bytes, std::string_view where) {
-  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, kMaxLatestBytes));
-  Fields f(obj, "", where);
+  CKPTIO_ASSIGN_OR_RETURN(Sealed sealed, ParseSealed(bytes, where, kMaxLatestBytes));
+  Fields f = sealed.Root(where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-writer", 1, where));
   WriterRecord w;
   CKPTIO_ASSIGN_OR_RETURN(w.generation, f.Int("generation", 1, INT64_MAX));
@@ -634,16 +679,11 @@ std::string SerializeRecord(std::string_view format,
 Result<std::map<std::string, std::string>> ParseRecord(std::string_view bytes,
                                                        std::string_view format,
                                                        std::string_view where, size_t max_bytes) {
-  CKPTIO_ASSIGN_OR_RETURN(json obj, ParseSealed(bytes, where, max_bytes));
-  Fields f(obj, "", where);
+  CKPTIO_ASSIGN_OR_RETURN(Sealed sealed, ParseSealed(bytes, where, max_bytes));
+  Fields f = sealed.Root(where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, format, 1, where));
-  CKPTIO_ASSIGN_OR_RETURN(const json* fields, f.Get("fields"));
-  if (!fields->is_object()) return f.Error("fields", "expected an object");
   std::map<std::string, std::string> out;
-  for (auto it = fields->begin(); it != fields->end(); ++it) {
-    if (!it->is_string()) return f.Error("fields." + it.key(), "expected a string");
-    out.emplace(it.key(), it->get<std::string>());
-  }
+  CKPTIO_RETURN_IF_ERROR(f.StringMap("fields", SIZE_MAX, out));
   CKPTIO_RETURN_IF_ERROR(f.NoOthers());
   return out;
 }

@@ -1,15 +1,15 @@
 #include "ckptio/safetensors.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "ckptio/store.h"
+#include "safetensors_text.h"
 #include "strict_json.h"
 #include "text.h"
 
 namespace ckptio {
 namespace {
-
-using json = nlohmann::json;
 
 // Every dtype of the safetensors format, with its element size.
 size_t AnyDtypeSize(std::string_view dtype) {
@@ -29,6 +29,35 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+Result<std::string> SafetensorsHeaderText(const std::vector<const TensorEntry*>& tensors,
+                                          uint64_t data_start) {
+  std::string text = R"({"__metadata__":{"format":"pt"})";
+  text.reserve(text.size() + tensors.size() * 80);
+  for (const TensorEntry* t : tensors) {
+    text += ',';
+    if (std::all_of(t->name.begin(), t->name.end(),
+                    [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; })) {
+      text += '"';
+      text += t->name;
+      text += '"';
+    } else {
+      try {
+        text += nlohmann::json(t->name).dump();  // escaped; throws on invalid UTF-8
+      } catch (const nlohmann::json::exception&) {
+        return Status(Code::kInvalidArgument,
+                      "tensor name \"" + Printable(t->name) + "\" is not valid UTF-8");
+      }
+    }
+    const uint64_t begin = t->offset - data_start;
+    text += R"(:{"data_offsets":[)" + std::to_string(begin) + ',' +
+            std::to_string(begin + t->length) + R"(],"dtype":")" + t->dtype + R"(","shape":)" +
+            ShapeText(t->shape) + '}';
+  }
+  text += '}';
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  return text;
+}
 
 Result<uint64_t> SafetensorsHeaderSize(std::string_view first8, uint64_t file_size,
                                        std::string_view where) {
@@ -61,52 +90,58 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t
                                               std::to_string(file.size()) + " given");
   std::string_view text = file.substr(8, header_size - 8);
   if (text.empty() || text.front() != '{') return error("header does not start with '{'");
-  CKPTIO_ASSIGN_OR_RETURN(json root, ParseStrictJson(text, 3, std::string(where) + " header"));
-  if (!root.is_object()) return error("header is not a JSON object");
-  if (root.size() > kMaxTensors + 1)
+  CKPTIO_ASSIGN_OR_RETURN(JsonTape tape, ParseStrictJson(text, 3, std::string(where) + " header"));
+  if (!tape[0].is_object()) return error("header is not a JSON object");
+  if (tape[0].count > kMaxTensors + 1)
     return error("header lists more than " + std::to_string(kMaxTensors) + " tensors");
 
   SafetensorsHeader h;
   h.data_start = header_size;
+  h.tensors.reserve(tape[0].count);
   const uint64_t data_size = file_size - header_size;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // relative [begin, end), per tensor
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
+  for (uint32_t i = JsonTape::first(0); i < tape[0].end; i = tape[i].end) {
+    const std::string_view name = tape.key(i);
+    const JsonValue& v = tape[i];
     const std::string at = "tensor \"" + Printable(name) + "\"";
     if (name == "__metadata__") {
       if (!v.is_object()) return error("__metadata__ is not an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          return error("__metadata__ \"" + Printable(m.key()) + "\" is not a string");
-        h.metadata[m.key()] = m.value().get<std::string>();
+      for (uint32_t m = JsonTape::first(i); m < v.end; m = tape[m].end) {
+        if (!tape[m].is_string())
+          return error("__metadata__ \"" + Printable(tape.key(m)) + "\" is not a string");
+        h.metadata[std::string(tape.key(m))] = tape.str(m);
       }
       continue;
     }
     if (!v.is_object()) return error(at + " is not an object");
-    for (auto m = v.begin(); m != v.end(); ++m)
-      if (m.key() != "dtype" && m.key() != "shape" && m.key() != "data_offsets")
-        return error(at + " has unknown member \"" + Printable(m.key()) + "\"");
-    auto dtype = v.find("dtype");
-    auto shape = v.find("shape");
-    auto offsets = v.find("data_offsets");
-    if (dtype == v.end() || !dtype->is_string()) return error(at + ": dtype missing");
-    if (shape == v.end() || !shape->is_array()) return error(at + ": shape missing");
-    if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
-        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
+    uint32_t dtype = v.end, shape = v.end, offsets = v.end;
+    for (uint32_t m = JsonTape::first(i); m < v.end; m = tape[m].end) {
+      const std::string_view key = tape.key(m);
+      if (key == "dtype")
+        dtype = m;
+      else if (key == "shape")
+        shape = m;
+      else if (key == "data_offsets")
+        offsets = m;
+      else
+        return error(at + " has unknown member \"" + Printable(key) + "\"");
+    }
+    if (dtype == v.end || !tape[dtype].is_string()) return error(at + ": dtype missing");
+    if (shape == v.end || !tape[shape].is_array()) return error(at + ": shape missing");
+    if (offsets == v.end || !tape[offsets].is_array() || tape[offsets].count != 2 ||
+        !tape[offsets + 1].is_unsigned() || !tape[offsets + 2].is_unsigned())
       return error(at + ": data_offsets must be two non-negative integers");
     TensorEntry e;
     e.name = name;
     e.object = std::string(where);
-    e.dtype = dtype->get<std::string>();
+    e.dtype = tape.str(dtype);
     const size_t elem = AnyDtypeSize(e.dtype);
     if (elem == 0) return error(at + ": unknown dtype \"" + Printable(e.dtype) + "\"");
-    if (shape->size() > kMaxTensorRank)
+    if (tape[shape].count > kMaxTensorRank)
       return error(at + ": shape has more than " + std::to_string(kMaxTensorRank) + " sizes");
     uint64_t count = 1, span = 1;  // span: the product of the nonzero sizes
-    for (const json& d : *shape) {
-      if (!d.is_number_unsigned()) return error(at + ": shape sizes must be non-negative integers");
-      const uint64_t dim = d.get<uint64_t>();
+    for (uint32_t d = JsonTape::first(shape); d < tape[shape].end; d = tape[d].end) {
+      if (!tape[d].is_unsigned()) return error(at + ": shape sizes must be non-negative integers");
+      const uint64_t dim = tape[d].unsigned_integer;
       if (dim > static_cast<uint64_t>(INT64_MAX))
         return error(at + ": shape size " + std::to_string(dim) + " is not a tensor size");
       // Before multiplying: a product past the data section (or 2^64) is refused.
@@ -118,7 +153,9 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t
       span *= std::max<uint64_t>(dim, 1);
       e.shape.push_back(static_cast<int64_t>(dim));
     }
-    const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
+    // data_offsets holds two numbers, so they follow it in the tape.
+    const uint64_t begin = tape[offsets + 1].unsigned_integer;
+    const uint64_t end = tape[offsets + 2].unsigned_integer;
     if (begin > end || end > data_size)
       return error(at + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                    "] are outside the " + std::to_string(data_size) + "-byte data section");
@@ -147,7 +184,34 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, uint64_t
   return h;
 }
 
+bool IsCkptioSafetensorsHeader(const Manifest& manifest, const std::string& object,
+                               std::string_view head) {
+  const uint64_t data_start = head.size();
+  const ObjectEntry* entry = manifest.Find(object);
+  std::vector<const TensorEntry*> tensors;
+  for (const TensorEntry& t : manifest.tensors) {
+    if (t.object != object) continue;
+    if (t.name == "__metadata__" || t.offset < data_start) return false;
+    tensors.push_back(&t);
+  }
+  // ckptio's file order: by offset; at one offset (empty tensors before a
+  // nonempty one) larger elements first, then by name.
+  std::sort(tensors.begin(), tensors.end(), [](const TensorEntry* a, const TensorEntry* b) {
+    const size_t ea = DtypeSize(a->dtype), eb = DtypeSize(b->dtype);
+    return std::tie(a->offset, eb, a->name) < std::tie(b->offset, ea, b->name);
+  });
+  uint64_t pos = data_start;  // no overlaps, no holes, no trailing bytes
+  for (const TensorEntry* t : tensors) {
+    if (t->offset != pos) return false;
+    pos += t->length;
+  }
+  if (!entry || pos != entry->size) return false;
+  auto text = SafetensorsHeaderText(tensors, data_start);
+  return text.ok() && head.substr(8) == *text;
+}
+
 namespace {
+
 // Reads what `read(offset, n)` returns of the object's first bytes, and
 // checks its header against the manifest.
 template <typename ReadFn>
@@ -159,6 +223,7 @@ Status CheckHeader(const Manifest& manifest, const std::string& object, ReadFn&&
   CKPTIO_ASSIGN_OR_RETURN(std::string first8, read(8));
   CKPTIO_ASSIGN_OR_RETURN(uint64_t size, SafetensorsHeaderSize(first8, entry->size, where));
   CKPTIO_ASSIGN_OR_RETURN(std::string head, read(size));
+  if (IsCkptioSafetensorsHeader(manifest, object, head)) return OkStatus();
   CKPTIO_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(head, entry->size, where));
   std::map<std::string, const TensorEntry*> in_header;
   for (const TensorEntry& t : h.tensors) in_header[t.name] = &t;

@@ -1,7 +1,8 @@
 #include "strict_json.h"
 
-#include <algorithm>
+#include <cstring>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "text.h"
@@ -10,75 +11,60 @@ namespace ckptio {
 namespace {
 
 using json = nlohmann::json;
+using Type = JsonValue::Type;
 
-// The deepest nesting of arrays and objects in `text`, outside strings.
-int JsonDepth(std::string_view text) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
-// Builds the document from SAX events, refusing a key repeated within one
-// object: one pass, and the check is a lookup in the object being built.
-// (nlohmann's own parse keeps the last value silently, and its callback
-// parser rescans the parent object at every object's end: quadratic in a
-// 10,000-tensor header.)
-class StrictBuilder : public nlohmann::json_sax<json> {
+// Builds the tape from SAX events in one pass, refusing a key repeated
+// within one object and nesting past the limit. (nlohmann's own parse keeps
+// the last of a repeated key silently, and its callback parser rescans the
+// parent object at every object's end: quadratic in a 10,000-tensor header.)
+class TapeBuilder : public nlohmann::json_sax<json> {
  public:
-  explicit StrictBuilder(json& root) : root_(root) {}
+  TapeBuilder(JsonTape& tape, int max_depth) : tape_(tape), max_depth_(max_depth) {}
 
   std::string duplicate;  // set when the parse stopped at a repeated key
   std::string error;      // set on a syntax error
+  bool too_deep = false;  // set when the parse stopped at nesting past max_depth
 
-  bool null() override { return Put(nullptr); }
-  bool boolean(bool v) override { return Put(v); }
-  bool number_integer(number_integer_t v) override { return Put(v); }
-  bool number_unsigned(number_unsigned_t v) override { return Put(v); }
-  bool number_float(number_float_t v, const string_t&) override { return Put(v); }
-  bool string(string_t& v) override { return Put(std::move(v)); }
-  bool binary(binary_t& v) override { return Put(json::binary(std::move(v))); }
-  bool start_object(std::size_t) override {
-    Put(json::object());
-    stack_.push_back(last_);
+  bool null() override { return Add(Type::kNull), true; }
+  bool boolean(bool v) override { return Add(Type::kBool).boolean = v, true; }
+  bool number_integer(number_integer_t v) override { return Add(Type::kInt).integer = v, true; }
+  bool number_unsigned(number_unsigned_t v) override {
+    return Add(Type::kUint).unsigned_integer = v, true;
+  }
+  bool number_float(number_float_t v, const string_t&) override {
+    return Add(Type::kFloat).number = v, true;
+  }
+  bool string(string_t& v) override {
+    JsonValue& value = Add(Type::kString);
+    value.str_pos = Text(v, &value.str_len);
     return true;
   }
+  bool binary(binary_t&) override { return false; }  // not produced by the text parser
+  bool start_object(std::size_t) override { return Open(Type::kObject); }
+  bool start_array(std::size_t) override { return Open(Type::kArray); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
   bool key(string_t& k) override {
-    // try_emplace leaves `k` alone when the key is there already.
-    auto [it, added] = stack_.back()->get_ref<json::object_t&>().try_emplace(std::move(k));
-    if (!added) {
+    Frame& f = open_.back();
+    bool repeated = false;
+    if (f.names) {
+      repeated = !f.names->insert(k).second;
+    } else {
+      for (size_t m = f.first_member; m < members_.size() && !repeated; ++m)
+        repeated = tape_.key(members_[m]) == k;
+      if (!repeated && members_.size() - f.first_member >= kLinearKeys) {
+        // A large object (metadata): a set from here on, not a scan per key.
+        f.names = std::make_unique<std::unordered_set<std::string>>();
+        for (size_t m = f.first_member; m < members_.size(); ++m)
+          f.names->emplace(tape_.key(members_[m]));
+        f.names->insert(k);
+      }
+    }
+    if (repeated) {
       duplicate = k;
       return false;  // stop: the first one is enough
     }
-    slot_ = &it->second;
-    return true;
-  }
-  bool end_object() override {
-    stack_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t) override {
-    Put(json::array());
-    stack_.push_back(last_);
-    return true;
-  }
-  bool end_array() override {
-    stack_.pop_back();
+    key_pos_ = Text(k, &key_len_);
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
@@ -87,49 +73,119 @@ class StrictBuilder : public nlohmann::json_sax<json> {
   }
 
  private:
-  // Places a value where the document expects the next one (last_ points
-  // at it). Always true: the SAX callbacks' "go on".
-  template <typename V>
-  bool Put(V&& v) {
-    if (stack_.empty()) {
-      root_ = json(std::forward<V>(v));
-      last_ = &root_;
-    } else if (json& parent = *stack_.back(); parent.is_array()) {
-      parent.push_back(json(std::forward<V>(v)));
-      last_ = &parent.back();
-    } else {
-      *slot_ = json(std::forward<V>(v));
-      last_ = slot_;
+  static constexpr size_t kLinearKeys = 16;
+
+  struct Frame {
+    uint32_t index;                                          // the container's place in the tape
+    size_t first_member;                                     // where its members start in members_
+    std::unique_ptr<std::unordered_set<std::string>> names;  // large objects only
+  };
+
+  // Appends `s` to the tape's text; returns where it starts.
+  uint32_t Text(const std::string& s, uint32_t* len) {
+    const auto pos = static_cast<uint32_t>(tape_.text.size());
+    tape_.text += s;
+    *len = static_cast<uint32_t>(s.size());
+    return pos;
+  }
+
+  // Appends a value where the document expects the next one.
+  JsonValue& Add(Type type) {
+    const auto index = static_cast<uint32_t>(tape_.values.size());
+    JsonValue& v = tape_.values.emplace_back();
+    v.type = type;
+    v.end = index + 1;
+    if (!open_.empty()) {
+      JsonValue& parent = tape_.values[open_.back().index];
+      ++parent.count;
+      if (parent.is_object()) {
+        v.key_pos = key_pos_;
+        v.key_len = key_len_;
+        members_.push_back(index);
+      }
     }
+    return v;
+  }
+
+  bool Open(Type type) {
+    if (static_cast<int>(open_.size()) >= max_depth_) {
+      too_deep = true;
+      return false;
+    }
+    Add(type);
+    open_.push_back({static_cast<uint32_t>(tape_.values.size() - 1), members_.size(), nullptr});
     return true;
   }
 
-  json& root_;                // the document
-  std::vector<json*> stack_;  // the open objects and arrays, innermost last
-  json* slot_ = nullptr;      // the member of the innermost object named by the last key
-  json* last_ = nullptr;      // the value Put placed last
+  bool Close() {
+    tape_.values[open_.back().index].end = static_cast<uint32_t>(tape_.values.size());
+    members_.resize(open_.back().first_member);
+    open_.pop_back();
+    return true;
+  }
+
+  JsonTape& tape_;
+  const int max_depth_;
+  std::vector<Frame> open_;             // the open objects and arrays, innermost last
+  std::vector<uint32_t> members_;       // the members so far of each open object, by frame
+  uint32_t key_pos_ = 0, key_len_ = 0;  // the last key, for the value that follows
 };
 
 }  // namespace
 
-Result<json> ParseStrictJson(std::string_view bytes, int max_depth, std::string_view where) {
+Result<JsonTape> ParseStrictJson(std::string_view bytes, int max_depth, std::string_view where) {
   auto error = [&](const std::string& what) {
     return Status(Code::kDataLoss, std::string(where) + ": " + what);
   };
-  if (bytes.find('\0') != std::string_view::npos)
-    return error("contains a NUL byte at offset " + std::to_string(bytes.find('\0')) +
+  if (const void* nul = std::memchr(bytes.data(), '\0', bytes.size()))
+    return error("contains a NUL byte at offset " +
+                 std::to_string(static_cast<const char*>(nul) - bytes.data()) +
                  " (torn or corrupt)");
-  if (JsonDepth(bytes) > max_depth)
-    return error("nests deeper than " + std::to_string(max_depth) + " levels");
-  json root;
-  StrictBuilder builder(root);
+  if (bytes.size() > UINT32_MAX) return error("is over 4 GiB");  // the tape's offsets
+  JsonTape tape;
+  tape.values.reserve(bytes.size() / 16);
+  tape.text.reserve(bytes.size() / 2);
+  TapeBuilder builder(tape, max_depth);
   if (!json::sax_parse(bytes.begin(), bytes.end(), &builder)) {
+    if (builder.too_deep)
+      return error("nests deeper than " + std::to_string(max_depth) + " levels");
     if (!builder.duplicate.empty())
       return error("member \"" + Printable(builder.duplicate) + "\" appears twice");
     // nlohmann quotes the bytes it choked on: raw, maybe not UTF-8.
     return error("is not valid JSON (torn or corrupt): " + Printable(builder.error));
   }
-  return root;
+  return tape;
+}
+
+json TapeToJson(const JsonTape& tape, uint32_t i) {
+  const JsonValue& v = tape[i];
+  switch (v.type) {
+    case Type::kNull:
+      return nullptr;
+    case Type::kBool:
+      return v.boolean;
+    case Type::kInt:
+      return v.integer;
+    case Type::kUint:
+      return v.unsigned_integer;
+    case Type::kFloat:
+      return v.number;
+    case Type::kString:
+      return std::string(tape.str(i));
+    case Type::kObject: {
+      json out = json::object();
+      for (uint32_t j = JsonTape::first(i); j < v.end; j = tape[j].end)
+        out[std::string(tape.key(j))] = TapeToJson(tape, j);
+      return out;
+    }
+    case Type::kArray: {
+      json out = json::array();
+      for (uint32_t j = JsonTape::first(i); j < v.end; j = tape[j].end)
+        out.push_back(TapeToJson(tape, j));
+      return out;
+    }
+  }
+  return nullptr;
 }
 
 }  // namespace ckptio

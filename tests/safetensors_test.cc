@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/ckptio.h"
+#include "safetensors_text.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -119,6 +120,104 @@ TEST(Safetensors, RefusesEveryMalformedHeaderPrecisely) {
     EXPECT_NE(r.status().message().find("t.safetensors"), std::string::npos) << r.status();
   }
   std::cout << "safetensors: " << cases.size() << " malformed headers, each a precise error\n";
+}
+
+// A manifest holding one object, "m.safetensors", of `file`, and `entries`
+// (offsets from the start of the file).
+Manifest OneObject(const std::string& file, std::vector<TensorEntry> entries) {
+  Manifest m;
+  ObjectEntry o;
+  o.name = "m.safetensors";
+  o.size = file.size();
+  m.objects.push_back(o);
+  for (auto& e : entries) e.object = o.name;
+  m.tensors = std::move(entries);
+  return m;
+}
+
+TensorEntry Entry(std::string name, std::string dtype, std::vector<int64_t> shape, uint64_t offset,
+                  uint64_t length) {
+  TensorEntry e;
+  e.name = std::move(name);
+  e.dtype = std::move(dtype);
+  e.shape = std::move(shape);
+  e.offset = offset;
+  e.length = length;
+  return e;
+}
+
+// The header ckptio writes is recognised by its bytes (no parse); any other
+// spelling of the same header is parsed and accepted; and a header that
+// matches the entries byte for byte is still refused when the entries break
+// the layout, with the parser's precise error.
+TEST(Safetensors, TheCkptioHeaderIsRecognisedAndNothingElseSkipsTheParser) {
+  // ckptio's order: larger elements first, then names; an empty tensor
+  // shares the offset of the next ("z" before "a").
+  std::vector<TensorEntry> entries = {Entry("w", "F64", {1}, 0, 8), Entry("z", "F64", {0, 4}, 8, 0),
+                                      Entry("a", "F32", {2}, 8, 8), Entry("b", "U8", {3}, 16, 3)};
+  auto file_of = [](const std::vector<TensorEntry>& es, uint64_t data_bytes,
+                    std::vector<TensorEntry>* absolute) {
+    std::vector<const TensorEntry*> order;
+    for (const auto& e : es) order.push_back(&e);
+    auto text = SafetensorsHeaderText(order, 0);
+    EXPECT_TRUE(text.ok()) << text.status();
+    const std::string file = File(*text, std::string(data_bytes, 'x'));
+    *absolute = es;
+    for (auto& e : *absolute) e.offset += file.size() - data_bytes;
+    return file;
+  };
+  std::vector<TensorEntry> at;
+  const std::string file = file_of(entries, 19, &at);
+  Manifest m = OneObject(file, at);
+  const uint64_t head = file.size() - 19;
+  EXPECT_TRUE(
+      IsCkptioSafetensorsHeader(m, "m.safetensors", std::string_view(file).substr(0, head)));
+  CKPTIO_EXPECT_OK(CheckSafetensorsObject(m, "m.safetensors", file));
+  // The manifest lists them in any order: still recognised.
+  std::reverse(m.tensors.begin(), m.tensors.end());
+  EXPECT_TRUE(
+      IsCkptioSafetensorsHeader(m, "m.safetensors", std::string_view(file).substr(0, head)));
+
+  // The same header as another writer spells it (members reordered, spaces):
+  // not recognised, parsed, accepted.
+  auto parsed = Parse(file);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  json other = json::object();
+  for (const auto& t : parsed->tensors)
+    other[t.name] = {{"shape", t.shape},
+                     {"dtype", t.dtype},
+                     {"data_offsets",
+                      {t.offset - parsed->data_start, t.offset - parsed->data_start + t.length}}};
+  const std::string spelled = File(other.dump(1), std::string(19, 'x'));
+  std::vector<TensorEntry> moved = at;
+  for (auto& e : moved) e.offset += spelled.size() - file.size();
+  Manifest m2 = OneObject(spelled, moved);
+  EXPECT_FALSE(
+      IsCkptioSafetensorsHeader(m2, "m.safetensors", spelled.substr(0, spelled.size() - 19)));
+  CKPTIO_EXPECT_OK(CheckSafetensorsObject(m2, "m.safetensors", spelled));
+
+  // Entries with a hole between "a" and "b", and a header that is exactly
+  // their canonical text.
+  std::vector<TensorEntry> holed = entries;
+  holed[3].offset = 20;
+  const std::string with_hole = file_of(holed, 23, &at);
+  Manifest m3 = OneObject(with_hole, at);
+  EXPECT_FALSE(
+      IsCkptioSafetensorsHeader(m3, "m.safetensors", with_hole.substr(0, with_hole.size() - 23)));
+  Status s = CheckSafetensorsObject(m3, "m.safetensors", with_hole);
+  EXPECT_EQ(s.code(), Code::kDataLoss) << s;
+  EXPECT_NE(s.message().find("a hole"), std::string::npos) << s;
+
+  // A tensor named like the header's metadata: its canonical text names
+  // "__metadata__" twice.
+  std::vector<TensorEntry> named = entries;
+  named[3].name = "__metadata__";
+  const std::string twice = file_of(named, 19, &at);
+  Manifest m4 = OneObject(twice, at);
+  EXPECT_FALSE(IsCkptioSafetensorsHeader(m4, "m.safetensors", twice.substr(0, twice.size() - 19)));
+  s = CheckSafetensorsObject(m4, "m.safetensors", twice);
+  EXPECT_EQ(s.code(), Code::kDataLoss) << s;
+  EXPECT_NE(s.message().find("appears twice"), std::string::npos) << s;
 }
 
 // Commits one safetensors object as `step`, with the manifest entries given.

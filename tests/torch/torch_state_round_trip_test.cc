@@ -9,11 +9,24 @@
 
 #include "ckptio/posix_backend.h"
 #include "cuda_test_util.h"
+#include "safetensors_text.h"
 #include "torch/tensors.h"
 #include "torch_state_test_util.h"
 
 namespace ckptio::torch_state_testing {
 namespace {
+
+// The header of `object` (of step `step` in `store`) is byte for byte the
+// one a load's check recognises without parsing it (what keeps a load of
+// 10,000 tensors fast).
+void ExpectRecognisedHeader(const std::string& store, int64_t step, const std::string& object) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto s, Store::Open(store, BuiltinBackends()));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, s->OpenStep(step));
+  const std::string bytes = testing::ReadFile(store + "/" + StepDirName(step) + "/" + object);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(uint64_t head, SafetensorsHeaderSize(bytes, bytes.size(), object));
+  EXPECT_TRUE(IsCkptioSafetensorsHeader(reader->manifest(), object, bytes.substr(0, head)))
+      << object << " of step " << step << ": " << bytes.substr(8, head - 8);
+}
 
 TEST(TorchStateTest, EveryDtypeRoundTripsBitExactly) {
   TempDir dir;
@@ -54,6 +67,7 @@ TEST(TorchStateTest, EveryDtypeRoundTripsBitExactly) {
   EXPECT_EQ((*got->step), 1);
   for (size_t i = 0; i < originals.size(); ++i)
     EXPECT_TRUE(BitEqual(loaded[i], originals[i].second)) << originals[i].first;
+  ExpectRecognisedHeader(dir.Sub("store"), 1, "tensors.safetensors");
 }
 
 TEST(TorchStateTest, UnsupportedDtypeIsAClearError) {
@@ -118,6 +132,7 @@ TEST(TorchStateTest, ModuleOptimizerAndMetadataRoundTrip) {
       covered += it.value()["data_offsets"][1].get<uint64_t>() -
                  it.value()["data_offsets"][0].get<uint64_t>();
   EXPECT_EQ(8 + n + covered, bytes.size());
+  ExpectRecognisedHeader(dir.Sub("store"), 500, "model.safetensors");
 }
 
 // The safetensors header is written as text: names that JSON must escape,
@@ -233,6 +248,7 @@ TEST(TorchStateTest, TensorNamesAreEscapedInTheSafetensorsHeader) {
   for (const auto& name : names) EXPECT_TRUE(header.contains(name)) << name;
   EXPECT_EQ(header["scalar"]["shape"], nlohmann::json::array());
   EXPECT_EQ(header["quote\"d"]["shape"], nlohmann::json({3, 1}));
+  ExpectRecognisedHeader(dir.Sub("store"), 1, "tensors.safetensors");
 
   std::vector<torch::Tensor> back(values.size());
   State into;
