@@ -241,6 +241,33 @@ TEST(ManifestRoundTripTest, SealFollowsDocumentedFormat) {
   ExpectManifestsEqual(MakeManifest(), *resealed);
 }
 
+// The seal covers the document, not its spelling: a file as the writer
+// spells it is hashed as it stands, any other spelling (indented, members
+// reordered) is re-serialised first. Damage is caught either way.
+TEST(ManifestRoundTripTest, AnySpellingOfASealedManifestIsAcceptedAndDamageInAnyIsCaught) {
+  const json j = json::parse(ValidManifestBytes());
+  json without = j;
+  without.erase("checksum");
+  const std::string canonical = without.dump();
+  // checksum last: not the writer's spelling even without whitespace.
+  const std::string last = canonical.substr(0, canonical.size() - 1) + ",\"checksum\":\"" +
+                           j["checksum"].get<std::string>() + "\"}";
+  for (const std::string& spelled : {ValidManifestBytes(), j.dump(), j.dump(2), j.dump(0), last}) {
+    auto m = ParseManifest(spelled, kWhere);
+    ASSERT_TRUE(m.ok()) << m.status() << "\n" << spelled;
+    ExpectManifestsEqual(MakeManifest(), *m);
+    // One digit of the step changed (5 -> 6 in every spelling).
+    std::string damaged = spelled;
+    const size_t at = damaged.find("\"step\":");
+    ASSERT_NE(at, std::string::npos);
+    const size_t digit = damaged.find_first_of("0123456789", at);
+    damaged[digit] = damaged[digit] == '9' ? '8' : static_cast<char>(damaged[digit] + 1);
+    EXPECT_TRUE(IsError(ParseManifest(damaged, kWhere).status(), Code::kDataLoss,
+                        {kWhere, "self-checksum mismatch"}))
+        << damaged;
+  }
+}
+
 TEST(LatestRoundTripTest, EveryFieldSurvives) {
   const Latest l = MakeLatest();
   const std::string bytes = SerializeLatest(l);
