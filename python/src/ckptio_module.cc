@@ -34,6 +34,7 @@ using Metadata = std::map<std::string, std::string>;
 // item holds a reference).
 State MakeState(const Modules& modules, Tensors& tensors, Metadata metadata) {
   State state;
+  state.items.reserve(modules.size() + tensors.size());
   for (const auto& [name, named] : modules) state.items.emplace_back(name, named);
   for (auto& [name, tensor] : tensors) state.items.emplace_back(name, tensor);
   state.metadata = std::move(metadata);

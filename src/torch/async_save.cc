@@ -28,6 +28,27 @@ using internal::Guard;
 using internal::Ready;
 using internal::SavePlan;
 
+// A contiguous CPU tensor copied into the staging buffer at `offset`, whose
+// tensor over that copy is made by the thread that writes it: 10,000 of
+// them cost the caller 7 ms as from_blob calls. Shape and dtype are taken
+// while the caller waits (the caller may change its tensor once it returns).
+struct StagedView {
+  size_t object, index;  // plan.tensor_objects[object].tensors[index]
+  uint64_t offset;
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype;
+};
+
+// Points each of `views`' tensors of `plan` at its copy in `base`.
+Status ViewStaged(char* base, const std::vector<StagedView>& views, SavePlan& plan) {
+  return Guard("staging", [&] {
+    for (const StagedView& v : views)
+      plan.tensor_objects[v.object].tensors[v.index].second =
+          torch::from_blob(base + v.offset, v.shape, torch::TensorOptions().dtype(v.dtype));
+    return OkStatus();
+  });
+}
+
 }  // namespace
 
 // The staging memory and the thread of SaveAsync.
@@ -85,6 +106,10 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
   if (Status names = CheckNames(state, /*saving=*/true); !names.ok())
     return done_now(Abandon(step, attempt, names));
   SavePlan plan = PlanFor(state);
+  // Filled by the staging below: the tensors whose views the writing
+  // thread makes, and where.
+  auto views = std::make_shared<std::vector<StagedView>>();
+  char* base = nullptr;
   {
     // Staging: every tensor copied, 64-byte aligned, into one reused buffer.
     constexpr uint64_t kAlign = 64;
@@ -128,23 +153,28 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
             torch::empty({static_cast<int64_t>(std::max<uint64_t>(need, 1))},
                          torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
       }
-      char* base = need > 0 ? static_cast<char*>(as.staging.data_ptr()) : nullptr;
+      base = need > 0 ? static_cast<char*>(as.staging.data_ptr()) : nullptr;
       uint64_t off = 0;
       torch::NoGradGuard no_grad;
       std::vector<CopyJob> memcpys;  // contiguous CPU tensors: copied on every core
-      for (auto& to : plan.tensor_objects)
-        for (auto& [name, t] : to.tensors) {
+      for (size_t o = 0; o < plan.tensor_objects.size(); ++o) {
+        auto& tensors = plan.tensor_objects[o].tensors;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          torch::Tensor& t = tensors[i].second;
           if (!t.defined()) continue;
           off = (off + kAlign - 1) / kAlign * kAlign;
-          torch::Tensor copy = torch::from_blob(base + off, t.sizes(),
-                                                torch::TensorOptions().dtype(t.scalar_type()));
-          if (t.device().is_cpu() && t.is_contiguous())
+          if (t.device().is_cpu() && t.is_contiguous()) {
             memcpys.push_back({base + off, static_cast<const char*>(t.data_ptr()), t.nbytes()});
-          else
-            copy.copy_(t.detach());  // from the GPU (into pinned memory), or strided
+            views->push_back({o, i, off, t.sizes().vec(), t.scalar_type()});
+          } else {  // from the GPU (into pinned memory), or strided
+            torch::Tensor copy = torch::from_blob(base + off, t.sizes(),
+                                                  torch::TensorOptions().dtype(t.scalar_type()));
+            copy.copy_(t.detach());
+            t = copy;
+          }
           off += t.nbytes();
-          t = copy;
         }
+      }
       ParallelCopy(memcpys);
       // The optimizers' archives take what the staging buffer left.
       const uint64_t held = as.staging.defined() ? static_cast<uint64_t>(as.staging.numel()) : 0;
@@ -177,13 +207,23 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
       return OkStatus();
     });
     if (!staged.ok()) return done_now(Abandon(step, attempt, staged));
-    if (archives_too_large)  // the staged tensors serve the synchronous save
+    if (archives_too_large)  // saved synchronously, from the state as it is
       return save_now(tensor_bytes + " and at least " + std::to_string(archived) +
                       " bytes of optimizer archives");
   }
-  auto staged = std::make_shared<const SavePlan>(std::move(plan));
+  // What the save writes, once its staged views are made (by the thread).
+  auto staged = std::make_shared<SavePlan>(std::move(plan));
+  auto write = [this, step, attempt, staged, base, views] {
+    Status s = ViewStaged(base, *views, *staged);
+    s = s.ok() ? SaveNow(step, attempt, *staged) : Abandon(step, attempt, s);
+    // Freed before the outcome is told: the next call's join of this
+    // thread then waits for nothing (10,000 tensors take milliseconds).
+    *staged = SavePlan();
+    views->clear();
+    return s;
+  };
   try {
-    as.worker = std::thread([this, step, attempt, staged, promise] {
+    as.worker = std::thread([this, step, write, promise] {
       // A rank that only waits for rank 0's commit has nothing to finish
       // when its Checkpointer closes (a trainer that gives up on Ctrl-C).
       WaitInterrupt closed([this, step] {
@@ -194,7 +234,7 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
                                 std::to_string(step))
                    : OkStatus();
       });
-      Status s = SaveNow(step, attempt, *staged);
+      Status s = write();
       async_->result = s;
       async_->unreported = !s.ok();
       promise->set_value(std::move(s));
@@ -203,7 +243,7 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
     Log(LogLevel::kWarning, "SaveAsync of step " + std::to_string(step) +
                                 " could not start its thread (" + e.what() +
                                 "): saving synchronously");
-    return done_now(SaveNow(step, attempt, *staged));
+    return done_now(write());
   }
   return future;
 }

@@ -13,11 +13,14 @@ namespace ckptio::internal {
 SavePlan Plan(const State& state) {
   SavePlan plan;
   SavePlan::TensorObject loose{"tensors", kTensorsObject, {}, {}};
-  auto add = [](SavePlan::TensorObject& to, std::vector<std::pair<std::string, torch::Tensor>> ts) {
-    for (auto& [name, t] : ts) {
-      to.devices.push_back(t.defined() ? t.device().str() : "cpu");
-      to.tensors.emplace_back(std::move(name), std::move(t));
-    }
+  const size_t loose_count =
+      std::count_if(state.items.begin(), state.items.end(),
+                    [](const StateItem& i) { return i.kind() == StateItem::Kind::kTensor; });
+  loose.tensors.reserve(loose_count);
+  loose.devices.reserve(loose_count);
+  auto add = [](SavePlan::TensorObject& to, std::string name, torch::Tensor t) {
+    to.devices.push_back(!t.defined() || t.is_cpu() ? "cpu" : t.device().str());
+    to.tensors.emplace_back(std::move(name), std::move(t));
   };
   for (const StateItem& item : state.items) {
     const std::string& name = item.name();
@@ -25,7 +28,8 @@ SavePlan Plan(const State& state) {
       case StateItem::Kind::kModule: {
         plan.metadata[kItemPrefix + name] = "module";
         SavePlan::TensorObject to{"module " + name, ModuleObject(name), {}, {}};
-        add(to, item.module_tensors());
+        for (auto& [tensor_name, t] : item.module_tensors())
+          add(to, std::move(tensor_name), std::move(t));
         plan.tensor_objects.push_back(std::move(to));
         break;
       }
@@ -36,7 +40,7 @@ SavePlan Plan(const State& state) {
       case StateItem::Kind::kTensor:
         // No metadata entry: tensors.safetensors lists them (and the
         // manifest holds at most 10,000 entries).
-        add(loose, {{name, item.tensor()}});
+        add(loose, name, item.tensor());
         break;
     }
   }
