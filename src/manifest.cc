@@ -269,11 +269,13 @@ Result<Sealed> ParseSealed(std::string_view bytes, std::string_view where, size_
   std::string actual;
   if (bytes.substr(0, head.size()) == head && bytes.size() > head.size() &&
       (bytes[head.size()] == ',' || bytes[head.size()] == '}')) {
-    std::string body = "{";
-    body.reserve(bytes.size());
-    for (char c : bytes.substr(head.size() + (bytes[head.size()] == ',' ? 1 : 0)))
-      if (c != '\n') body += c;
-    actual = HashBytes(body).Hex();
+    Hasher body;  // "{", then the rest without the seal and the newlines
+    body.Update("{", 1);
+    std::string_view rest = bytes.substr(head.size() + (bytes[head.size()] == ',' ? 1 : 0));
+    for (size_t nl; (nl = rest.find('\n')) != std::string_view::npos; rest.remove_prefix(nl + 1))
+      body.Update(rest.data(), nl);
+    body.Update(rest.data(), rest.size());
+    actual = body.Digest().Hex();
   }
   if (actual != expected) {
     json obj = TapeToJson(tape);

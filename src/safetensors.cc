@@ -30,32 +30,45 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+namespace {
+
+constexpr std::string_view kHeaderOpen = R"({"__metadata__":{"format":"pt"})";
+
+// ,"<name>":{"data_offsets":[b,e],"dtype":"F32","shape":[...]} for `t`.
+Status AppendHeaderEntry(std::string& out, const TensorEntry& t, uint64_t data_start) {
+  out += ',';
+  if (std::all_of(t.name.begin(), t.name.end(),
+                  [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; })) {
+    out += '"';
+    out += t.name;
+    out += '"';
+  } else {
+    try {
+      out += nlohmann::json(t.name).dump();  // escaped; throws on invalid UTF-8
+    } catch (const nlohmann::json::exception&) {
+      return Status(Code::kInvalidArgument,
+                    "tensor name \"" + Printable(t.name) + "\" is not valid UTF-8");
+    }
+  }
+  const uint64_t begin = t.offset - data_start;
+  out += R"(:{"data_offsets":[)" + std::to_string(begin) + ',' + std::to_string(begin + t.length) +
+         R"(],"dtype":")" + t.dtype + R"(","shape":)" + ShapeText(t.shape) + '}';
+  return OkStatus();
+}
+
+// The closing brace and the padding that make the data section start
+// 8-aligned, for a header text of `size` bytes so far.
+std::string HeaderClose(size_t size) { return "}" + std::string((8 - (size + 1) % 8) % 8, ' '); }
+
+}  // namespace
+
 Result<std::string> SafetensorsHeaderText(const std::vector<const TensorEntry*>& tensors,
                                           uint64_t data_start) {
-  std::string text = R"({"__metadata__":{"format":"pt"})";
+  std::string text(kHeaderOpen);
   text.reserve(text.size() + tensors.size() * 80);
-  for (const TensorEntry* t : tensors) {
-    text += ',';
-    if (std::all_of(t->name.begin(), t->name.end(),
-                    [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; })) {
-      text += '"';
-      text += t->name;
-      text += '"';
-    } else {
-      try {
-        text += nlohmann::json(t->name).dump();  // escaped; throws on invalid UTF-8
-      } catch (const nlohmann::json::exception&) {
-        return Status(Code::kInvalidArgument,
-                      "tensor name \"" + Printable(t->name) + "\" is not valid UTF-8");
-      }
-    }
-    const uint64_t begin = t->offset - data_start;
-    text += R"(:{"data_offsets":[)" + std::to_string(begin) + ',' +
-            std::to_string(begin + t->length) + R"(],"dtype":")" + t->dtype + R"(","shape":)" +
-            ShapeText(t->shape) + '}';
-  }
-  text += '}';
-  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  for (const TensorEntry* t : tensors)
+    CKPTIO_RETURN_IF_ERROR(AppendHeaderEntry(text, *t, data_start));
+  text += HeaderClose(text.size());
   return text;
 }
 
@@ -206,23 +219,36 @@ bool IsCkptioSafetensorsHeader(const Manifest& manifest, const std::string& obje
     pos += t->length;
   }
   if (!entry || pos != entry->size) return false;
-  auto text = SafetensorsHeaderText(tensors, data_start);
-  return text.ok() && head.substr(8) == *text;
+  // Compared entry by entry, without building the whole text.
+  std::string_view text = head.substr(8);
+  if (text.substr(0, kHeaderOpen.size()) != kHeaderOpen) return false;
+  size_t at = kHeaderOpen.size();
+  std::string piece;
+  for (const TensorEntry* t : tensors) {
+    piece.clear();
+    if (!AppendHeaderEntry(piece, *t, data_start).ok() || text.substr(at, piece.size()) != piece)
+      return false;
+    at += piece.size();
+  }
+  return text.substr(at) == HeaderClose(at);
 }
 
 namespace {
 
-// Reads what `read(offset, n)` returns of the object's first bytes, and
-// checks its header against the manifest.
+// Reads the object's first bytes with `read(n)` (a view, valid until the
+// next call), and checks its header against the manifest.
 template <typename ReadFn>
 Status CheckHeader(const Manifest& manifest, const std::string& object, ReadFn&& read) {
   const std::string where = "step " + std::to_string(manifest.step) + ", object " + object;
   const ObjectEntry* entry = manifest.Find(object);
   if (!entry) return Status(Code::kNotFound, where + ": no such object");
   if (entry->size < 8) return Status(Code::kDataLoss, where + ": too short for a safetensors file");
-  CKPTIO_ASSIGN_OR_RETURN(std::string first8, read(8));
-  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, SafetensorsHeaderSize(first8, entry->size, where));
-  CKPTIO_ASSIGN_OR_RETURN(std::string head, read(size));
+  uint64_t size = 0;
+  {
+    CKPTIO_ASSIGN_OR_RETURN(std::string_view first8, read(8));  // valid until the next read
+    CKPTIO_ASSIGN_OR_RETURN(size, SafetensorsHeaderSize(first8, entry->size, where));
+  }
+  CKPTIO_ASSIGN_OR_RETURN(std::string_view head, read(size));
   if (IsCkptioSafetensorsHeader(manifest, object, head)) return OkStatus();
   CKPTIO_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(head, entry->size, where));
   std::map<std::string, const TensorEntry*> in_header;
@@ -253,20 +279,21 @@ Status CheckHeader(const Manifest& manifest, const std::string& object, ReadFn&&
 }  // namespace
 
 Status CheckSafetensorsObject(CheckpointReader& reader, const std::string& object) {
-  return CheckHeader(reader.manifest(), object, [&](uint64_t n) -> Result<std::string> {
-    std::string out(n, '\0');
-    CKPTIO_RETURN_IF_ERROR(reader.Read(object, 0, out.data(), n));
-    return out;
+  std::string head;
+  return CheckHeader(reader.manifest(), object, [&](uint64_t n) -> Result<std::string_view> {
+    head.resize(n);
+    CKPTIO_RETURN_IF_ERROR(reader.Read(object, 0, head.data(), n));
+    return std::string_view(head);
   });
 }
 
 Status CheckSafetensorsObject(const Manifest& manifest, const std::string& object,
                               std::string_view bytes) {
-  return CheckHeader(manifest, object, [&](uint64_t n) -> Result<std::string> {
+  return CheckHeader(manifest, object, [&](uint64_t n) -> Result<std::string_view> {
     if (n > bytes.size())
       return Status(Code::kDataLoss, "step " + std::to_string(manifest.step) + ", object " +
                                          object + ": shorter than the manifest records");
-    return std::string(bytes.substr(0, n));
+    return bytes.substr(0, n);
   });
 }
 

@@ -30,8 +30,10 @@ struct JsonValue {
   uint32_t end = 0;
   uint32_t count = 0;                 // objects and arrays: how many members or elements
   uint32_t key_pos = 0, key_len = 0;  // an object member's name, in JsonTape::text
-  uint32_t str_pos = 0, str_len = 0;  // kString: the value, in JsonTape::text
   union {
+    struct {
+      uint32_t pos, len;
+    } str;  // kString: the value, in JsonTape::text
     bool boolean;
     int64_t integer;
     uint64_t unsigned_integer;
@@ -55,7 +57,7 @@ struct JsonTape {
     return std::string_view(text).substr(values[i].key_pos, values[i].key_len);
   }
   std::string_view str(uint32_t i) const {
-    return std::string_view(text).substr(values[i].str_pos, values[i].str_len);
+    return std::string_view(text).substr(values[i].str.pos, values[i].str.len);
   }
   // The members or elements of container `i`, in order:
   // for (uint32_t j = tape.first(i); j < tape[i].end; j = tape[j].end).
