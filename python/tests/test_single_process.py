@@ -169,6 +169,36 @@ def test_top_level_tensors_are_items_of_their_own(store):
     assert state["w"] is optim and state["epoch"] == 0
 
 
+def test_a_load_pauses_the_cycle_collector_and_leaves_it_as_it_was(store):
+    # Off while the load makes its objects (collections there walk every
+    # live object); back as it was afterwards, also after a failed load.
+    import gc
+    ckpt = ckptio.Checkpointer(store)
+    ckpt.save(1, {"w": torch.ones(2), "epoch": 3})
+    ckptio.save({"t": torch.ones(2)}, os.path.join(store, "one"))
+    seen = []
+    real_decode = ckptio._state.decode_step
+
+    def decode(*args):
+        seen.append(gc.isenabled())
+        return real_decode(*args)
+
+    ckptio._state.decode_step = decode
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            seen.clear()
+            assert ckpt.load({"w": None, "epoch": 0}) == 1
+            assert ckptio.load(os.path.join(store, "one"))["t"].sum() == 2
+            with pytest.raises(ValueError, match="holds no item 'x'"):
+                ckpt.load({"x": None})
+            assert seen == [False, False, False], seen
+            assert gc.isenabled() == enabled
+    finally:
+        ckptio._state.decode_step = real_decode
+        gc.enable()
+
+
 def test_a_corrupt_newest_step_is_skipped_for_the_previous_one(store, capfd):
     model = make_model(7)
     ckpt = ckptio.Checkpointer(store)
