@@ -17,8 +17,6 @@ protocol is the C++ core's (``ckptio._ckptio``); this package turns a
 trainer's state into it. The format is the C++ Checkpointer's: each steps
 opens in either language. No pickle: a load never runs code from the store.
 """
-import contextlib
-import gc
 import inspect
 import os
 
@@ -88,22 +86,6 @@ def _map_location(map_location):
                                "torch.device, a dict or a function")
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Python's cycle collector off while a load makes its objects: a step
-    of 10,000 tensors makes tens of thousands at once (none of them cyclic
-    garbage), and the collections they trigger walk every live object of the
-    program (in the bench, beside 10,000 other tensors, 33 of a load's
-    140 ms). Back on as it was, whatever happens."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 class Checkpointer:
     """Checkpoints of a data-parallel job in the store at ``uri`` (a path,
     ``file://`` or ``nfs://`` URI).
@@ -167,11 +149,10 @@ class Checkpointer:
         def check(metadata, tensors):
             decoded.update(_state.decode_step(state, metadata, tensors))
 
-        with _gc_paused():
-            got, _skipped = self._core.load(
-                _state.module_request(state), step, _map_location(map_location), check)
-            if got is not None:
-                _state.apply(state, decoded)
+        got, _skipped = self._core.load(
+            _state.module_request(state), step, _map_location(map_location), check)
+        if got is not None:
+            _state.apply(state, decoded)
         return got
 
 
@@ -236,6 +217,5 @@ def load(uri, map_location=None, step=None):
     def check(metadata, tensors):
         decoded.update(_state.decode_step(box, metadata, tensors))
 
-    with _gc_paused():
-        _ckptio.load_one(os.fspath(uri), {}, step, _map_location(map_location), check)
+    _ckptio.load_one(os.fspath(uri), {}, step, _map_location(map_location), check)
     return decoded["value"][1]
