@@ -28,10 +28,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-}  // namespace
-
-namespace {
-
 constexpr std::string_view kHeaderOpen = R"({"__metadata__":{"format":"pt"})";
 
 // ,"<name>":{"data_offsets":[b,e],"dtype":"F32","shape":[...]} for `t`.
