@@ -1,7 +1,8 @@
 // A State's items in a step: their tensors and the names they may have.
 #include "torch/state_items.h"
 
-#include <map>
+#include <algorithm>
+#include <vector>
 
 #include "text.h"
 
@@ -43,25 +44,20 @@ bool EndsLikeAPart(const std::string& name) {
 }  // namespace
 
 Status CheckNames(const State& state, bool saving) {
-  std::map<std::string, StateItem::Kind> seen;
   auto kind_name = [](StateItem::Kind k) {
     return k == StateItem::Kind::kModule      ? "a module"
            : k == StateItem::Kind::kOptimizer ? "an optimizer"
                                               : "a tensor";
   };
+  const StateItem* tensors_module = nullptr;
   bool loose = false;
   for (const StateItem& item : state.items) {
     const std::string& name = item.name();
-    auto [it, fresh] = seen.emplace(name, item.kind());
-    if (!fresh)
-      return Status(Code::kInvalidArgument, "the State has two items named \"" + Printable(name) +
-                                                "\" (" + kind_name(it->second) + " and " +
-                                                kind_name(item.kind()) +
-                                                "): item names must be unique");
     if (item.kind() == StateItem::Kind::kTensor) {
       loose = true;
       continue;
     }
+    if (item.kind() == StateItem::Kind::kModule && name == "tensors") tensors_module = &item;
     Status s = ValidateObjectName(item.kind() == StateItem::Kind::kModule ? ModuleObject(name)
                                                                           : OptimizerObject(name));
     if (name.empty() || !s.ok() || (saving && (name.size() > kMaxItemName || EndsLikeAPart(name))))
@@ -71,8 +67,20 @@ Status CheckNames(const State& state, bool saving) {
                         "names are 1 to 160 of [A-Za-z0-9._-], not starting with '.' nor "
                         "ending in .part-<digits> (tensor names may be any UTF-8)");
   }
-  auto module = seen.find("tensors");
-  if (loose && module != seen.end() && module->second == StateItem::Kind::kModule)
+  // Repeated names: the items in name order, each name's first in the
+  // State first (no copy of a name: 10,000 tensors' names in a tree cost a
+  // save_async's caller 2 ms).
+  std::vector<const StateItem*> sorted(state.items.size());
+  for (size_t i = 0; i < sorted.size(); ++i) sorted[i] = &state.items[i];
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const StateItem* a, const StateItem* b) { return a->name() < b->name(); });
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i - 1]->name() == sorted[i]->name())
+      return Status(Code::kInvalidArgument,
+                    "the State has two items named \"" + Printable(sorted[i]->name()) + "\" (" +
+                        kind_name(sorted[i - 1]->kind()) + " and " + kind_name(sorted[i]->kind()) +
+                        "): item names must be unique");
+  if (loose && tensors_module)
     return Status(Code::kInvalidArgument,
                   "a module named \"tensors\" would share tensors.safetensors with the State's "
                   "tensors: rename the module");
