@@ -2,6 +2,7 @@
 #include "ckptio/manifest.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -151,7 +152,10 @@ class Fields {
   // object (callers pass literals). Objects here have a handful of members:
   // a scan beats a map.
   Result<uint32_t> Get(std::string_view name) {
-    seen_.push_back(name);
+    if (seen_count_ < seen_.size())
+      seen_[seen_count_++] = name;
+    else
+      seen_more_.push_back(name);
     for (uint32_t j = JsonTape::first(obj_); j < tape_[obj_].end; j = tape_[j].end)
       if (tape_.key(j) == name) return j;
     return Error(name, "missing");
@@ -206,9 +210,12 @@ class Fields {
   // Unknown members are errors: a reader must not silently ignore fields a
   // newer writer relied on.
   Status NoOthers() const {
+    const auto seen_end = seen_.begin() + seen_count_;
     for (uint32_t j = JsonTape::first(obj_); j < tape_[obj_].end; j = tape_[j].end) {
-      if (std::find(seen_.begin(), seen_.end(), tape_.key(j)) == seen_.end())
-        return Error(tape_.key(j), "unknown field");
+      const std::string_view key = tape_.key(j);
+      if (std::find(seen_.begin(), seen_end, key) == seen_end &&
+          std::find(seen_more_.begin(), seen_more_.end(), key) == seen_more_.end())
+        return Error(key, "unknown field");
     }
     return OkStatus();
   }
@@ -223,13 +230,18 @@ class Fields {
   std::string_view where_;
   std::string_view array_;
   size_t index_;
-  std::vector<std::string_view> seen_;  // a handful per object: a set would cost more
+  // The names asked for: a handful per object (a set would cost more), kept
+  // inline (10,000 tensor entries made 40,000 allocations growing a vector).
+  std::array<std::string_view, 16> seen_;
+  size_t seen_count_ = 0;
+  std::vector<std::string_view> seen_more_;
 };
 
 // A sealed file, parsed and its self-checksum checked: the document's
 // members (the checksum among them, already consumed) through Fields.
 struct Sealed {
   JsonTape tape;
+  bool streamed = false;  // the tape lacks the streamed array's elements
   Fields Root(std::string_view where) const {
     Fields f(tape, 0, where);
     (void)f.Get(kChecksumKey);
@@ -238,8 +250,11 @@ struct Sealed {
 };
 
 // Parses `bytes` as one JSON object, strictly, then checks the
-// self-checksum.
-Result<Sealed> ParseSealed(std::string_view bytes, std::string_view where, size_t max_bytes) {
+// self-checksum. With `stream`, its array's elements go to it as they are
+// parsed; if the seal can only be checked on a tree of the whole document
+// (a spelling other than SealBody's), the document is parsed again whole.
+Result<Sealed> ParseSealed(std::string_view bytes, std::string_view where, size_t max_bytes,
+                           const StreamedArray* stream = nullptr) {
   auto error = [&](const std::string& what) {
     return Status(Code::kDataLoss, std::string(where) + ": " + what);
   };
@@ -248,7 +263,8 @@ Result<Sealed> ParseSealed(std::string_view bytes, std::string_view where, size_
                  std::to_string(max_bytes) + "-byte limit");
   if (bytes.empty()) return error("is empty (torn write?)");
   Sealed sealed;
-  CKPTIO_ASSIGN_OR_RETURN(sealed.tape, ParseStrictJson(bytes, kMaxJsonDepth, where));
+  CKPTIO_ASSIGN_OR_RETURN(sealed.tape, ParseStrictJson(bytes, kMaxJsonDepth, where, stream));
+  sealed.streamed = stream != nullptr;
   const JsonTape& tape = sealed.tape;
   if (!tape[0].is_object()) return error("expected a JSON object");
   uint32_t seal = tape[0].end;
@@ -277,6 +293,7 @@ Result<Sealed> ParseSealed(std::string_view bytes, std::string_view where, size_
     body.Update(rest.data(), rest.size());
     actual = body.Digest().Hex();
   }
+  if (actual != expected && stream) return ParseSealed(bytes, where, max_bytes);
   if (actual != expected) {
     json obj = TapeToJson(tape);
     obj.erase(std::string(kChecksumKey));
@@ -432,9 +449,44 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
   return OkStatus();
 }
 
+// Element `i` of the manifest's "tensors" (tape[t]): members, types and
+// formats.
+Result<TensorEntry> TensorFromJson(const JsonTape& tape, uint32_t t, std::string_view where,
+                                   size_t i) {
+  if (!tape[t].is_object()) return FieldError(where, FieldPath("tensors", i), "expected an object");
+  Fields tf(tape, t, where, "tensors", i);
+  TensorEntry e;
+  CKPTIO_ASSIGN_OR_RETURN(e.name, tf.Str("name"));
+  CKPTIO_ASSIGN_OR_RETURN(e.object, tf.Str("object"));
+  CKPTIO_ASSIGN_OR_RETURN(e.dtype, tf.Str("dtype"));
+  CKPTIO_ASSIGN_OR_RETURN(uint32_t shape, tf.Get("shape"));
+  if (!tape[shape].is_array() || tape[shape].count > kMaxTensorRank)
+    return tf.Error("shape", "expected an array of at most 32 sizes");
+  e.shape.reserve(tape[shape].count);
+  for (uint32_t d = JsonTape::first(shape); d < tape[shape].end; d = tape[d].end) {
+    if (!tape[d].is_unsigned() || tape[d].unsigned_integer > uint64_t(INT64_MAX))
+      return tf.Error("shape", "sizes must be non-negative integers");
+    e.shape.push_back(static_cast<int64_t>(tape[d].unsigned_integer));
+  }
+  CKPTIO_ASSIGN_OR_RETURN(e.device, tf.Str("device"));
+  CKPTIO_ASSIGN_OR_RETURN(e.offset, tf.Uint("offset"));
+  CKPTIO_ASSIGN_OR_RETURN(e.length, tf.Uint("length"));
+  CKPTIO_RETURN_IF_ERROR(tf.NoOthers());
+  return e;
+}
+
+// The manifest's tensors as the parse hands them over (StreamedArray): the
+// entries, and the first element that is not one.
+struct StreamedTensors {
+  std::vector<TensorEntry> entries;
+  Status error;
+};
+
 // A manifest from its parsed file: members, types and formats;
-// CheckManifest checks the content.
-Result<Manifest> ManifestFromJson(const Sealed& sealed, std::string_view where) {
+// CheckManifest checks the content. `streamed`: the tensors, when the
+// parse streamed them out of the tape.
+Result<Manifest> ManifestFromJson(const Sealed& sealed, std::string_view where,
+                                  StreamedTensors* streamed) {
   const JsonTape& tape = sealed.tape;
   Fields f = sealed.Root(where);
   CKPTIO_RETURN_IF_ERROR(CheckFormat(f, "ckptio-manifest", kManifestFormatVersion, where));
@@ -478,30 +530,16 @@ Result<Manifest> ManifestFromJson(const Sealed& sealed, std::string_view where) 
   CKPTIO_ASSIGN_OR_RETURN(uint32_t tensors, f.Get("tensors"));
   if (!tape[tensors].is_array()) return f.Error("tensors", "expected an array");
   CKPTIO_RETURN_IF_ERROR(CheckCount(where, "tensors", tape[tensors].count, kMaxTensors, "tensors"));
-  m.tensors.reserve(tape[tensors].count);
-  i = 0;
-  for (uint32_t t = JsonTape::first(tensors); t < tape[tensors].end; t = tape[t].end, ++i) {
-    if (!tape[t].is_object())
-      return FieldError(where, FieldPath("tensors", i), "expected an object");
-    Fields tf(tape, t, where, "tensors", i);
-    TensorEntry e;
-    CKPTIO_ASSIGN_OR_RETURN(e.name, tf.Str("name"));
-    CKPTIO_ASSIGN_OR_RETURN(e.object, tf.Str("object"));
-    CKPTIO_ASSIGN_OR_RETURN(e.dtype, tf.Str("dtype"));
-    CKPTIO_ASSIGN_OR_RETURN(uint32_t shape, tf.Get("shape"));
-    if (!tape[shape].is_array() || tape[shape].count > kMaxTensorRank)
-      return tf.Error("shape", "expected an array of at most 32 sizes");
-    e.shape.reserve(tape[shape].count);
-    for (uint32_t d = JsonTape::first(shape); d < tape[shape].end; d = tape[d].end) {
-      if (!tape[d].is_unsigned() || tape[d].unsigned_integer > uint64_t(INT64_MAX))
-        return tf.Error("shape", "sizes must be non-negative integers");
-      e.shape.push_back(static_cast<int64_t>(tape[d].unsigned_integer));
+  if (streamed) {
+    CKPTIO_RETURN_IF_ERROR(streamed->error);
+    m.tensors = std::move(streamed->entries);
+  } else {
+    m.tensors.reserve(tape[tensors].count);
+    i = 0;
+    for (uint32_t t = JsonTape::first(tensors); t < tape[tensors].end; t = tape[t].end, ++i) {
+      CKPTIO_ASSIGN_OR_RETURN(TensorEntry e, TensorFromJson(tape, t, where, i));
+      m.tensors.push_back(std::move(e));
     }
-    CKPTIO_ASSIGN_OR_RETURN(e.device, tf.Str("device"));
-    CKPTIO_ASSIGN_OR_RETURN(e.offset, tf.Uint("offset"));
-    CKPTIO_ASSIGN_OR_RETURN(e.length, tf.Uint("length"));
-    CKPTIO_RETURN_IF_ERROR(tf.NoOthers());
-    m.tensors.push_back(std::move(e));
   }
 
   CKPTIO_RETURN_IF_ERROR(f.StringMap("metadata", kMaxMetadataEntries, m.metadata));
@@ -628,8 +666,23 @@ Result<std::string> SerializeCheckedManifest(const Manifest& m, std::string_view
 }
 
 Result<Manifest> ParseManifest(std::string_view bytes, std::string_view where) {
-  CKPTIO_ASSIGN_OR_RETURN(Sealed sealed, ParseSealed(bytes, where, kMaxManifestBytes));
-  CKPTIO_ASSIGN_OR_RETURN(Manifest m, ManifestFromJson(sealed, where));
+  // The tensors are converted as the parse reaches each, in order; after
+  // the first that fails, or past the limit (refused below), no more.
+  StreamedTensors tensors;
+  // Room for as many as the bytes can hold (an entry takes 80 at least), up
+  // to 100,000: touched only as filled, and not grown by copying.
+  tensors.entries.reserve(std::min<size_t>(bytes.size() / 80, 100000));
+  const StreamedArray stream{"tensors", [&](const JsonTape& tape, uint32_t i, size_t index) {
+                               if (!tensors.error.ok() || index >= kMaxTensors) return;
+                               auto e = TensorFromJson(tape, i, where, index);
+                               if (e.ok())
+                                 tensors.entries.push_back(std::move(*e));
+                               else
+                                 tensors.error = e.status();
+                             }};
+  CKPTIO_ASSIGN_OR_RETURN(Sealed sealed, ParseSealed(bytes, where, kMaxManifestBytes, &stream));
+  CKPTIO_ASSIGN_OR_RETURN(Manifest m,
+                          ManifestFromJson(sealed, where, sealed.streamed ? &tensors : nullptr));
   CKPTIO_RETURN_IF_ERROR(CheckManifest(m, where));
   return m;
 }

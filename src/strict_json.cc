@@ -1,5 +1,6 @@
 #include "strict_json.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <unordered_set>
@@ -19,25 +20,26 @@ using Type = JsonValue::Type;
 // parent object at every object's end: quadratic in a 10,000-tensor header.)
 class TapeBuilder : public nlohmann::json_sax<json> {
  public:
-  TapeBuilder(JsonTape& tape, int max_depth) : tape_(tape), max_depth_(max_depth) {}
+  TapeBuilder(JsonTape& tape, int max_depth, const StreamedArray* streamed)
+      : tape_(tape), max_depth_(max_depth), streamed_(streamed) {}
 
   std::string duplicate;  // set when the parse stopped at a repeated key
   std::string error;      // set on a syntax error
   bool too_deep = false;  // set when the parse stopped at nesting past max_depth
 
-  bool null() override { return Add(Type::kNull), true; }
-  bool boolean(bool v) override { return Add(Type::kBool).boolean = v, true; }
-  bool number_integer(number_integer_t v) override { return Add(Type::kInt).integer = v, true; }
+  bool null() override { return Add(Type::kNull), Scalar(); }
+  bool boolean(bool v) override { return Add(Type::kBool).boolean = v, Scalar(); }
+  bool number_integer(number_integer_t v) override { return Add(Type::kInt).integer = v, Scalar(); }
   bool number_unsigned(number_unsigned_t v) override {
-    return Add(Type::kUint).unsigned_integer = v, true;
+    return Add(Type::kUint).unsigned_integer = v, Scalar();
   }
   bool number_float(number_float_t v, const string_t&) override {
-    return Add(Type::kFloat).number = v, true;
+    return Add(Type::kFloat).number = v, Scalar();
   }
   bool string(string_t& v) override {
     JsonValue& value = Add(Type::kString);
     value.str.pos = Text(v, &value.str.len);
-    return true;
+    return Scalar();
   }
   bool binary(binary_t&) override { return false; }  // not produced by the text parser
   bool start_object(std::size_t) override { return Open(Type::kObject); }
@@ -89,8 +91,25 @@ class TapeBuilder : public nlohmann::json_sax<json> {
     return pos;
   }
 
+  // Whether the innermost open container is the streamed array.
+  bool InStreamed() const { return !open_.empty() && open_.back().index == streamed_index_; }
+
+  // A streamed array's element `i` is whole: handed over, then dropped.
+  void Streamed(uint32_t i) {
+    streamed_->element(tape_, i, streamed_count_++);
+    tape_.values.resize(i);
+    tape_.text.resize(element_text_);
+  }
+
+  // After a number, string, bool or null.
+  bool Scalar() {
+    if (InStreamed()) Streamed(static_cast<uint32_t>(tape_.values.size() - 1));
+    return true;
+  }
+
   // Appends a value where the document expects the next one.
   JsonValue& Add(Type type) {
+    if (InStreamed()) element_text_ = tape_.text.size();
     const auto index = static_cast<uint32_t>(tape_.values.size());
     JsonValue& v = tape_.values.emplace_back();
     v.type = type;
@@ -113,27 +132,38 @@ class TapeBuilder : public nlohmann::json_sax<json> {
       return false;
     }
     Add(type);
-    open_.push_back({static_cast<uint32_t>(tape_.values.size() - 1), members_.size(), nullptr});
+    const auto index = static_cast<uint32_t>(tape_.values.size() - 1);
+    if (streamed_ && type == Type::kArray && open_.size() == 1 && tape_[0].is_object() &&
+        tape_.key(index) == streamed_->member)
+      streamed_index_ = index;
+    open_.push_back({index, members_.size(), nullptr});
     return true;
   }
 
   bool Close() {
-    tape_.values[open_.back().index].end = static_cast<uint32_t>(tape_.values.size());
+    const uint32_t index = open_.back().index;
+    tape_.values[index].end = static_cast<uint32_t>(tape_.values.size());
     members_.resize(open_.back().first_member);
     open_.pop_back();
+    if (InStreamed()) Streamed(index);
     return true;
   }
 
   JsonTape& tape_;
   const int max_depth_;
-  std::vector<Frame> open_;             // the open objects and arrays, innermost last
-  std::vector<uint32_t> members_;       // the members so far of each open object, by frame
-  uint32_t key_pos_ = 0, key_len_ = 0;  // the last key, for the value that follows
+  const StreamedArray* const streamed_;
+  uint32_t streamed_index_ = UINT32_MAX;  // the streamed array's place, once open
+  size_t streamed_count_ = 0;             // its elements so far
+  size_t element_text_ = 0;               // the text's size where its element began
+  std::vector<Frame> open_;               // the open objects and arrays, innermost last
+  std::vector<uint32_t> members_;         // the members so far of each open object, by frame
+  uint32_t key_pos_ = 0, key_len_ = 0;    // the last key, for the value that follows
 };
 
 }  // namespace
 
-Result<JsonTape> ParseStrictJson(std::string_view bytes, int max_depth, std::string_view where) {
+Result<JsonTape> ParseStrictJson(std::string_view bytes, int max_depth, std::string_view where,
+                                 const StreamedArray* streamed) {
   auto error = [&](const std::string& what) {
     return Status(Code::kDataLoss, std::string(where) + ": " + what);
   };
@@ -142,16 +172,20 @@ Result<JsonTape> ParseStrictJson(std::string_view bytes, int max_depth, std::str
                  std::to_string(static_cast<const char*>(nul) - bytes.data()) +
                  " (torn or corrupt)");
   if (bytes.size() > UINT32_MAX) return error("is over 4 GiB");  // the tape's offsets
-  // Reserved once, at most what the text can hold: every value but the
-  // first follows a ',', '[' or '{' (a 10,000-tensor manifest is 180,000
-  // values; grown by doubling, the tape touched twice the memory, and in a
-  // fresh process every new page is a fault).
-  size_t values = 1;
-  for (char c : bytes) values += c == ',' || c == '[' || c == '{';
   JsonTape tape;
-  tape.values.reserve(values);
-  tape.text.reserve(bytes.size());
-  TapeBuilder builder(tape, max_depth);
+  if (!streamed) {
+    // Reserved once, at most what the text can hold: every value but the
+    // first follows a ',', '[' or '{' (a 10,000-tensor header is 90,000
+    // values; grown by doubling, the tape touched twice the memory, and in
+    // a fresh process every new page is a fault). At most 1M values (32 MB,
+    // touched only as filled): a hostile text of commas in strings gets no
+    // more.
+    size_t values = 1;
+    for (char c : bytes) values += c == ',' || c == '[' || c == '{';
+    tape.values.reserve(std::min<size_t>(values, 1 << 20));
+    tape.text.reserve(bytes.size());
+  }
+  TapeBuilder builder(tape, max_depth, streamed);
   if (!json::sax_parse(bytes.begin(), bytes.end(), &builder)) {
     if (builder.too_deep)
       return error("nests deeper than " + std::to_string(max_depth) + " levels");

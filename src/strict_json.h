@@ -10,6 +10,7 @@
 #define CKPTIO_SRC_STRICT_JSON_H_
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -64,9 +65,22 @@ struct JsonTape {
   static uint32_t first(uint32_t i) { return i + 1; }
 };
 
+// The elements of one array, a member of the document (an object), handed
+// over one by one as the parse ends each, then dropped from the tape: a
+// 10,000-tensor manifest's entries never all sit in it (5 MB of tape, each
+// page of it a fault in a fresh process). The array stays in the tape with
+// its count and no elements.
+struct StreamedArray {
+  std::string_view member;
+  // Element `index` of the array: tape[i] and what it holds, valid during
+  // the call only.
+  std::function<void(const JsonTape& tape, uint32_t i, size_t index)> element;
+};
+
 // Errors are kDataLoss, "<where>: <what is wrong>".
 CKPTIO_EXPORT_PRIVATE Result<JsonTape> ParseStrictJson(std::string_view bytes, int max_depth,
-                                                       std::string_view where);
+                                                       std::string_view where,
+                                                       const StreamedArray* streamed = nullptr);
 
 // values[i] (and what it holds) as a nlohmann tree: for the rare reader that
 // needs one (re-serialising a manifest whose bytes are not canonical).

@@ -616,6 +616,107 @@ TEST(ManifestHostileDeathTest, DeepNestingIsDataLossNotACrash) {
 }
 
 // ---------------------------------------------------------------------------
+// Tensor entries: converted one by one as the parse reaches them (the
+// document's tape never holds them all), in the writer's spelling; any
+// other spelling is parsed whole. Both must judge alike and in the same
+// order: what the file is, then its objects, then its tensors.
+
+Manifest WithTensors() {
+  Manifest m = MakeManifest();
+  for (int i = 0; i < 3; ++i) {
+    TensorEntry t = FcWeight("cuda:" + std::to_string(i), 512 * i);
+    t.name = "fc" + std::to_string(i) + ".weight";
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+// The file with `edit` applied and re-sealed: as the writer spells it
+// (streamed), and indented (parsed whole).
+std::vector<std::string> Spellings(const std::function<void(json&)>& edit) {
+  json j = json::parse(SerializeManifest(WithTensors()));
+  edit(j);
+  const std::string sealed = Reseal(std::move(j));
+  return {sealed, json::parse(sealed).dump(2)};
+}
+
+TEST(ManifestTensorEntriesTest, EverySpellingGivesTheSameEntriesAndDamageIsCaught) {
+  for (const std::string& bytes : Spellings([](json&) {})) {
+    auto m = ParseManifest(bytes, kWhere);
+    ASSERT_TRUE(m.ok()) << m.status() << "\n" << bytes;
+    ExpectManifestsEqual(WithTensors(), *m);
+    // One digit of the last tensor's offset changed: the seal covers it.
+    std::string damaged = bytes;
+    const size_t at = damaged.find("1024", damaged.find("fc2.weight") - 100);
+    ASSERT_NE(at, std::string::npos) << bytes;
+    damaged[at] = '2';
+    EXPECT_TRUE(
+        IsError(ParseManifest(damaged, kWhere).status(), kDL, {kWhere, "self-checksum mismatch"}))
+        << damaged;
+  }
+}
+
+TEST(ManifestTensorEntriesTest, TheFirstBadEntryIsNamedInEverySpelling) {
+  struct Case {
+    const char* name;
+    std::function<void(json&)> edit;
+    Code code;
+    std::string field, what;
+  };
+  const std::vector<Case> cases = {
+      {"NotAnObject", [](json& j) { j["tensors"][1] = "fc1.weight"; }, kDL, "'tensors[1]'",
+       "expected an object"},
+      {"MissingDtype", [](json& j) { j["tensors"][0].erase("dtype"); }, kDL, "'tensors[0].dtype'",
+       "missing"},
+      {"UnknownField",
+       [](json& j) {
+         j["tensors"][2]["stride"] = json::array({8, 1});
+       },
+       kDL, "'tensors[2].stride'", "unknown field"},
+      {"ShapeNotAnArray", [](json& j) { j["tensors"][1]["shape"] = "16x8"; }, kDL,
+       "'tensors[1].shape'", "expected an array"},
+      {"NegativeOffset", [](json& j) { j["tensors"][2]["offset"] = -512; }, kDL,
+       "'tensors[2].offset'", "expected an unsigned integer"},
+      {"FirstOfTwo",
+       [](json& j) {
+         j["tensors"][2].erase("name");
+         j["tensors"][1]["device"] = 7;
+       },
+       kDL, "'tensors[1].device'", "expected a string"},
+      {"NotAnArray",
+       [](json& j) {
+         j["tensors"] = {{"fc0.weight", 1}};
+       },
+       kDL, "'tensors'", "expected an array"},
+      {"NewerVersionFirst",
+       [](json& j) {
+         j["version"] = kManifestFormatVersion + 1;
+         j["tensors"][0] = 1;
+       },
+       Code::kFailedPrecondition, "format version", "newer"},
+      {"ObjectsFirst",
+       [](json& j) {
+         j["objects"][0]["size"] = "big";
+         j["tensors"][0] = 1;
+       },
+       kDL, "'objects[0].size'", "expected an unsigned integer"},
+      {"ContentAfterForm",  // a well-formed entry naming no object, after a malformed one
+       [](json& j) {
+         j["tensors"][0]["object"] = "gone.bin";
+         j["tensors"][2]["length"] = "512";
+       },
+       kDL, "'tensors[2].length'", "expected an unsigned integer"},
+  };
+  for (const Case& c : cases)
+    for (const std::string& bytes : Spellings(c.edit)) {
+      SCOPED_TRACE(std::string(c.name) + "\n" + bytes);
+      auto m = ParseManifest(bytes, kWhere);
+      ASSERT_FALSE(m.ok());
+      EXPECT_TRUE(IsError(m.status(), c.code, {kWhere, c.field, c.what}));
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Hostile LATEST
 
 std::vector<HostileCase> LatestCases() {
