@@ -2,6 +2,8 @@
 // optimizer archives and metadata a load will apply, each checked first.
 #include "torch/load_stage.h"
 
+#include <algorithm>
+#include <optional>
 #include <set>
 
 #include "torch/libtorch_errors.h"
@@ -147,27 +149,50 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
     return it == meta.end() ? "" : it->second;
   };
   // The loose tensors: those of tensors.safetensors and its stripe parts
-  // (unless that is a module's, one named "tensors").
-  std::map<std::string, const TensorEntry*> loose_saved;
+  // (unless that is a module's, one named "tensors"), by name; `taken` once
+  // an item of the State takes one; a name in two parts (no writer makes
+  // one), the first listed. (Pointers sorted, not a tree of copied names:
+  // 10,000 tensors cost a load milliseconds that way.)
+  std::vector<const TensorEntry*> loose_saved;
   if (kind_of("tensors") != "module" &&
       (other_tensors || std::any_of(state.items.begin(), state.items.end(), [](const StateItem& i) {
          return i.kind() == StateItem::Kind::kTensor;
-       })))
-    for (const auto& t : reader.manifest().tensors)
-      if (StripeBaseObject(reader.manifest(), t.object) == kTensorsObject) loose_saved[t.name] = &t;
+       }))) {
+    const std::string* object = nullptr;  // entries come object by object
+    bool loose_object = false;
+    for (const auto& t : reader.manifest().tensors) {
+      if (!object || *object != t.object) {
+        object = &t.object;
+        loose_object = StripeBaseObject(reader.manifest(), t.object) == kTensorsObject;
+      }
+      if (loose_object) loose_saved.push_back(&t);
+    }
+    std::stable_sort(loose_saved.begin(), loose_saved.end(),
+                     [](const TensorEntry* a, const TensorEntry* b) { return a->name < b->name; });
+  }
+  std::vector<bool> taken(loose_saved.size());
+  auto find_loose = [&](const std::string& name) -> std::optional<size_t> {
+    auto it =
+        std::lower_bound(loose_saved.begin(), loose_saved.end(), name,
+                         [](const TensorEntry* e, const std::string& n) { return e->name < n; });
+    if (it == loose_saved.end() || (*it)->name != name) return std::nullopt;
+    return static_cast<size_t>(it - loose_saved.begin());
+  };
   std::vector<std::pair<torch::Tensor*, const TensorEntry*>> loose;
   for (StateItem& item : state.items) {
     const std::string& name = item.name();
     const std::string kind = kind_of(name);
-    const std::string missing =
-        "step " + std::to_string(reader.step()) + " has no " +
-        std::string(item.kind() == StateItem::Kind::kModule      ? "module"
-                    : item.kind() == StateItem::Kind::kOptimizer ? "optimizer"
-                                                                 : "tensor") +
-        " named \"" + name + "\"";
+    auto missing = [&] {
+      return Status(Code::kInvalidArgument,
+                    "step " + std::to_string(reader.step()) + " has no " +
+                        std::string(item.kind() == StateItem::Kind::kModule      ? "module"
+                                    : item.kind() == StateItem::Kind::kOptimizer ? "optimizer"
+                                                                                 : "tensor") +
+                        " named \"" + name + "\"");
+    };
     switch (item.kind()) {
       case StateItem::Kind::kModule: {
-        if (kind != "module") return Status(Code::kInvalidArgument, missing);
+        if (kind != "module") return missing();
         auto live = item.module_tensors();
         std::vector<StagedTensor> loaded;
         CKPTIO_RETURN_IF_ERROR(Guard("loading module " + name, [&] {
@@ -187,7 +212,7 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
         break;
       }
       case StateItem::Kind::kOptimizer: {
-        if (kind.rfind("optimizer", 0) != 0) return Status(Code::kInvalidArgument, missing);
+        if (kind.rfind("optimizer", 0) != 0) return missing();
         CKPTIO_ASSIGN_OR_RETURN(auto bytes, opened.View(OptimizerObject(name)));
         // The mapping sees the device recorded at save time ("optimizer:<d>"),
         // as for tensors; the optimizer's own where none was recorded.
@@ -198,13 +223,13 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
       }
       case StateItem::Kind::kTensor: {
         // Older checkpoints also list each as ckptio.item.<name> = tensor.
-        auto it = loose_saved.find(name);
-        if (kind == "tensor" && it == loose_saved.end())
+        const std::optional<size_t> found = find_loose(name);
+        if (kind == "tensor" && !found)
           return Status(Code::kDataLoss, "step " + std::to_string(reader.step()) + ": tensor \"" +
                                              name + "\" is listed but not stored");
-        if (!(kind.empty() || kind == "tensor") || it == loose_saved.end())
-          return Status(Code::kInvalidArgument, missing);
-        loose.emplace_back(&item.tensor(), it->second);
+        if (!(kind.empty() || kind == "tensor") || !found) return missing();
+        loose.emplace_back(&item.tensor(), loose_saved[*found]);
+        taken[*found] = true;
         break;
       }
     }
@@ -213,9 +238,14 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
     // Loose tensors take the saved shape and dtype, whatever the target
     // held before (like torch::load of a tensor).
     CKPTIO_RETURN_IF_ERROR(opened.View(kTensorsObject).status());
+    std::shared_ptr<ObjectView> view;  // of `viewed`: entries come object by object
+    const std::string* viewed = nullptr;
     auto load = [&](const TensorEntry& entry) -> Result<torch::Tensor> {
       CKPTIO_ASSIGN_OR_RETURN(torch::Device device, map.Resolve(entry.device, rank));
-      CKPTIO_ASSIGN_OR_RETURN(auto view, opened.View(entry.object));
+      if (!viewed || *viewed != entry.object) {
+        CKPTIO_ASSIGN_OR_RETURN(view, opened.View(entry.object));
+        viewed = &entry.object;
+      }
       return TensorFromView(view, entry, device);
     };
     for (const auto& [target, entry] : loose) {
@@ -223,11 +253,14 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
       if (std::string why = WhyNotApplicable(*target, t, /*named=*/true); !why.empty())
         return Status(Code::kInvalidArgument, "tensor \"" + entry->name + "\" " + why);
       staged.tensors.emplace_back(target, t);
-      loose_saved.erase(entry->name);
     }
     if (other_tensors)
-      for (const auto& [name, entry] : loose_saved) {
-        CKPTIO_ASSIGN_OR_RETURN(staged.other_tensors[name], load(*entry));
+      for (size_t i = 0; i < loose_saved.size(); ++i) {
+        if (taken[i]) continue;
+        CKPTIO_ASSIGN_OR_RETURN(torch::Tensor t, load(*loose_saved[i]));
+        // In name order: each goes at the end.
+        staged.other_tensors.emplace_hint(staged.other_tensors.end(), loose_saved[i]->name,
+                                          std::move(t));
       }
   }
   for (const auto& [key, value] : meta)
