@@ -218,4 +218,4 @@ def load(uri, map_location=None, step=None):
         decoded.update(_state.decode_step(box, metadata, tensors))
 
     _ckptio.load_one(os.fspath(uri), {}, step, _map_location(map_location), check)
-    return decoded["value"][1]
+    return decoded["value"]

@@ -104,7 +104,16 @@ def _decode(enc, tensors):
     raise ValueError(f"the step's {TREE_KEY} holds an unknown value {str(enc)[:80]!r}")
 
 
+_PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, dict)
+
+
 def kind_of(value):
+    # (Plain values and tensors first: a state of 10,000 of them is asked
+    # twice a load, and the checks below cost microseconds each.)
+    if type(value) in _PLAIN:
+        return "value"
+    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
+        return "tensor"
     if isinstance(value, torch.nn.Module):
         return "module"
     if isinstance(value, torch.Tensor):
@@ -171,10 +180,20 @@ def _check_optimizer(key, optimizer, loaded):
                              f"parameters, the step's {len(s.get('params', ()))}")
 
 
+class LoadStateDict:
+    """A decoded state dict, for its item's load_state_dict (a plain value
+    is assigned: no wrapper for each of 10,000 tensors)."""
+    __slots__ = ("state_dict",)
+
+    def __init__(self, state_dict):
+        self.state_dict = state_dict
+
+
 def decode_step(state, metadata, tensors):
-    """What a load puts into `state` (key -> ("tensor"|"state_dict"|"value",
-    decoded)); raises ValueError, before anything changes, when the step
-    does not fit, or its tree is not one ckptio writes (whatever it holds)."""
+    """What a load puts into `state`: key -> its new value, or a
+    LoadStateDict for an item's load_state_dict; raises ValueError, before
+    anything changes, when the step does not fit, or its tree is not one
+    ckptio writes (whatever it holds)."""
     try:
         return _decode_step(state, metadata, tensors)
     except (KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
@@ -215,11 +234,11 @@ def _decode_step(state, metadata, tensors):
             if key not in tensors:
                 raise ValueError(f"state[{key!r}]: the step lists tensor {key!r} but does not "
                                  "hold it")
-            out[key] = ("tensor", tensors[key])
+            out[key] = tensors[key]
         elif entry["kind"] == "cxx_metadata":
             raw = metadata[key]
-            out[key] = ("value", int(raw) if isinstance(value, int) and re.fullmatch(
-                r"-?[0-9]+", raw) else raw)
+            as_int = isinstance(value, int) and re.fullmatch(r"-?[0-9]+", raw)
+            out[key] = int(raw) if as_int else raw
         elif kind == "state_dict":
             if entry["kind"] != "state_dict":
                 raise ValueError(f"state[{key!r}] has state_dict(), but the step saved a "
@@ -227,18 +246,18 @@ def _decode_step(state, metadata, tensors):
             decoded = _decode(entry["value"], tensors)
             if isinstance(value, torch.optim.Optimizer):
                 _check_optimizer(key, value, decoded)
-            out[key] = ("state_dict", decoded)
+            out[key] = LoadStateDict(decoded)
         else:
             if entry["kind"] != "value":
                 raise ValueError(f"state[{key!r}]: the step saved a {entry['kind']} under "
                                  f"{key!r}, not a value")
-            out[key] = ("value", _decode(entry["value"], tensors))
+            out[key] = _decode(entry["value"], tensors)
     return out
 
 
 def apply(state, decoded):
-    for key, (kind, value) in decoded.items():
-        if kind == "state_dict":
-            state[key].load_state_dict(value)
+    for key, value in decoded.items():
+        if type(value) is LoadStateDict:
+            state[key].load_state_dict(value.state_dict)
         else:
             state[key] = value
