@@ -60,8 +60,18 @@ SavePlan StripePart(const SavePlan& full, int rank, int world) {
       const torch::Tensor& t = full.tensor_objects[i].tensors[j].second;
       if (t.defined()) units.push_back({i, j, t.nbytes()});
     }
-  std::stable_sort(units.begin(), units.end(),
-                   [](const Unit& a, const Unit& b) { return a.bytes > b.bytes; });
+  // Largest first; ties by object and tensor name, never by the order the
+  // State listed them in: ranks that built the same state in different
+  // orders (a Python dict filled in another order) split it alike.
+  auto tensor_name = [&full](const Unit& u) -> const std::string& {
+    return full.tensor_objects[u.object].tensors[u.index].first;
+  };
+  std::sort(units.begin(), units.end(), [&](const Unit& a, const Unit& b) {
+    if (a.bytes != b.bytes) return a.bytes > b.bytes;
+    const std::string& oa = full.tensor_objects[a.object].object;
+    const std::string& ob = full.tensor_objects[b.object].object;
+    return oa != ob ? oa < ob : tensor_name(a) < tensor_name(b);
+  });
   std::vector<uint64_t> load(static_cast<size_t>(world), 0);
   std::vector<std::vector<int>> owner(full.tensor_objects.size());
   for (size_t i = 0; i < full.tensor_objects.size(); ++i)

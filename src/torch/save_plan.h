@@ -50,8 +50,9 @@ struct SavePlan {
 SavePlan Plan(const State& state);
 
 // Rank `rank`'s share of a striped save of `full`: tensors go, largest
-// first, to the rank with the fewest bytes so far (ties: the lowest rank),
-// which every rank computes alike from the same layout. Rank 0 keeps its
+// first (ties by object and tensor name), to the rank with the fewest bytes
+// so far (ties: the lowest rank), which every rank computes alike from the
+// same layout, whatever order its State lists the items in. Rank 0 keeps its
 // parts under the objects' own names (even when empty), the optimizers and
 // the metadata, and learns which part objects the others will deliver.
 SavePlan StripePart(const SavePlan& full, int rank, int world);
