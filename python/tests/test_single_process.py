@@ -116,8 +116,9 @@ def test_what_cannot_be_saved_is_a_type_error_naming_its_path_before_anything_is
         ckpt.save(1, {"cfg": {"layers": [1, Opaque()]}})
     with pytest.raises(TypeError, match="dict key"):
         ckpt.save(1, {"cfg": {(1, 2): 3}})
-    with pytest.raises(ValueError, match="state key"):
-        ckpt.save(1, {"../up": 1})
+    for key in ("../up", "w\n", ".hidden", "tensors", "x" * 161, 7):
+        with pytest.raises(ValueError, match="state key"):
+            ckpt.save(1, {key: 1})
     assert ckpt.load({"x": 0}) is None  # nothing was written
 
 
