@@ -24,11 +24,17 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
 if [ -z "$cmd" ] || [ -z "$dir" ]; then
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"  # the header comment
   exit 2
 fi
-mkdir -p "$dir"
-dir=$(cd "$dir" && pwd)
+if [ ! -d "$dir" ]; then  # nothing ever ran there
+  case $cmd in
+    stop) echo "rgw-server: no $dir: nothing to stop" >&2; exit 0 ;;
+    status) exit 1 ;;
+    start) mkdir -p "$dir" ;;
+  esac
+fi
+[ ! -d "$dir" ] || dir=$(cd "$dir" && pwd)
 rgw_port=${CKPTIO_RGW_PORT:-20080}
 mon_port=${CKPTIO_CEPH_MON_PORT:-20789}
 store=${CKPTIO_RGW_STORE:-memstore}
@@ -72,23 +78,34 @@ stop_pid() {
     sleep 0.1
   done
   say "$(basename "$f" .pid) (pid $pid) ignored SIGTERM for $2 s: SIGKILL"
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$f"
+  kill_pid "$f"
   return 1
 }
 
+kill_pid() {  # kill_pid PIDFILE: SIGKILL, and wait (2 s at most) until gone
+  local f=$1
+  if alive "$f"; then
+    kill -KILL "$(cat "$f")" 2>/dev/null || true
+    for _ in $(seq 20); do running "$f" || break; sleep 0.1; done
+  fi
+  rm -f "$f"
+}
+
+left() { echo $((deadline > SECONDS ? deadline - SECONDS : 1)); }  # seconds
+
 need() {
   local missing=()
-  for b in ceph-mon ceph-osd radosgw radosgw-admin ceph monmaptool curl ss; do
+  for b in ceph-mon ceph-osd radosgw radosgw-admin ceph monmaptool uuidgen curl; do
     command -v "$b" >/dev/null || missing+=("$b")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    say "missing ${missing[*]}: apt-get install --no-install-recommends ceph-mon ceph-osd radosgw ceph-common curl iproute2 (tools/setup.sh does)"
+    say "missing ${missing[*]}: apt-get install --no-install-recommends ceph-mon ceph-osd radosgw ceph-common curl (tools/setup.sh does)"
     exit 1
   fi
 }
 
-port_busy() { [ -n "$(ss -Hltn "( sport = :$1 )" 2>/dev/null)" ]; }
+# Something listens on 127.0.0.1:PORT (or on every address).
+port_busy() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 
 # s3 METHOD PATH [CURL ARGS...]: a SigV4-signed request; prints the status.
 # curl 7.88 signs no payload hash and RGW wants one: UNSIGNED-PAYLOAD.
@@ -112,9 +129,11 @@ EOF
 
 failed() {  # failed WHAT: log tails, stop what we started, exit 1
   say "$1; the daemons' logs:"
+  local logs=()
   for f in mkfs.out mon.a.log mon.out osd.0.log osd.out client.rgw.ckptio.log radosgw.out; do
-    [ ! -s "$dir/log/$f" ] || tail -n 15 "$dir/log/$f" >&2
+    [ ! -s "$dir/log/$f" ] || logs+=("$dir/log/$f")
   done
+  [ ${#logs[@]} -eq 0 ] || tail -n 15 "${logs[@]}" >&2
   "$0" stop "$dir" >/dev/null 2>&1 || true
   exit 1
 }
@@ -191,7 +210,7 @@ create() {
   monmaptool --create --clobber --fsid "$(cat "$dir/fsid")" \
     --addv a "[v2:127.0.0.1:$mon_port]" "$dir/monmap" >"$dir/log/mkfs.out" 2>&1 ||
     failed "monmaptool failed"
-  ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" \
+  timeout "$(left)" ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" \
     >>"$dir/log/mkfs.out" 2>&1 || failed "ceph-mon --mkfs failed"
   echo "$store" >"$dir/store"
 }
@@ -227,22 +246,26 @@ case $cmd in
     }
     alive "$dir/radosgw.pid" || ! port_busy "$rgw_port" || busy+=("$rgw_port (S3)")
     if [ ${#busy[@]} -gt 0 ]; then
-      say "port ${busy[*]} already in use on this machine: stop what holds it" \
-        "(ss -ltnp) or choose other ports (CKPTIO_RGW_PORT, CKPTIO_CEPH_MON_PORT)"
+      say "in use on this machine: port $(printf '%s, ' "${busy[@]}" | sed 's/, $//');" \
+        "stop what holds it (ss -ltnp shows it) or choose other ports with CKPTIO_RGW_PORT and" \
+        "CKPTIO_CEPH_MON_PORT (the OSD takes the 8 ports after the monitor's)"
       exit 1
     fi
     deadline=$((SECONDS + timeout_s))
     # A memstore OSD that did not stop cleanly left stale or no data, and
     # a store of the other kind is no use: start from nothing then.
     fresh=""
-    if [ ! -f "$dir/mon/store.db/CURRENT" ] || [ "$(cat "$dir/store" 2>/dev/null)" != "$store" ]; then
+    if [ ! -f "$dir/mon/store.db/CURRENT" ]; then
+      fresh=1
+    elif [ "$(cat "$dir/store" 2>/dev/null)" != "$store" ]; then
+      say "$dir holds a $(cat "$dir/store" 2>/dev/null) cluster, CKPTIO_RGW_STORE asks for $store: starting an empty one"
       fresh=1
     elif [ "$store" = memstore ] && ! alive "$dir/osd.pid" && [ ! -f "$dir/osd.clean" ]; then
       say "the memstore OSD of $dir did not stop cleanly: starting an empty cluster"
       fresh=1
     fi
     if [ -n "$fresh" ]; then
-      for d in "${daemons[@]}"; do stop_pid "$dir/$d.pid" 5 || true; done
+      for d in "${daemons[@]}"; do kill_pid "$dir/$d.pid"; done  # its data goes
       create
     else
       write_conf
@@ -250,10 +273,10 @@ case $cmd in
     alive "$dir/mon.pid" || spawn mon ceph-mon -i a
     if [ ! -f "$dir/osd/whoami" ]; then
       osd_uuid=$(uuidgen)
-      id=$(timeout $((deadline - SECONDS)) ceph -c "$conf" --connect-timeout 30 \
+      id=$(timeout "$(left)" ceph -c "$conf" --connect-timeout 30 \
         osd new "$osd_uuid" 2>>"$dir/log/mkfs.out") || failed "ceph osd new failed"
       [ "$id" = 0 ] || failed "ceph osd new gave OSD id '$id', not 0"
-      ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
+      timeout "$(left)" ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
         >>"$dir/log/mkfs.out" 2>&1 || failed "ceph-osd --mkfs failed"
     fi
     if ! alive "$dir/osd.pid"; then
@@ -278,7 +301,7 @@ case $cmd in
       ((SECONDS < deadline)) || failed "RGW did not answer on port $rgw_port within $timeout_s s"
       sleep 0.1
     done
-    admin=(timeout 30 radosgw-admin -c "$conf")
+    admin=(timeout "$(left)" radosgw-admin -c "$conf")
     if ! "${admin[@]}" user info --uid ckptio >/dev/null 2>&1; then
       "${admin[@]}" user create --uid ckptio --display-name "ckptio tests" \
         --access-key "$access_key" --secret "$secret_key" \
