@@ -99,7 +99,8 @@ need() {
     command -v "$b" >/dev/null || missing+=("$b")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    say "missing ${missing[*]}: apt-get install --no-install-recommends ceph-mon ceph-osd radosgw ceph-common curl (tools/setup.sh does)"
+    say "missing ${missing[*]}: apt-get install --no-install-recommends" \
+      "ceph-mon ceph-osd radosgw ceph-common curl (tools/setup.sh does)"
     exit 1
   fi
 }
@@ -114,7 +115,8 @@ s3() {
   shift 2
   curl -sS -o "$dir/log/curl.out" -w '%{http_code}' --max-time 10 \
     --aws-sigv4 "aws:amz:$region:s3" --user "$access_key:$secret_key" \
-    -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -X "$method" "$@" "http://127.0.0.1:$rgw_port$path" 2>>"$dir/log/curl.err" || true
+    -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -X "$method" "$@" \
+    "http://127.0.0.1:$rgw_port$path" 2>>"$dir/log/curl.err" || true
 }
 
 env_lines() {
@@ -134,8 +136,20 @@ failed() {  # failed WHAT: log tails, stop what we started, exit 1
     [ ! -s "$dir/log/$f" ] || logs+=("$dir/log/$f")
   done
   [ ${#logs[@]} -eq 0 ] || tail -n 15 "${logs[@]}" >&2
-  "$0" stop "$dir" >/dev/null 2>&1 || true
+  stop_all 2>/dev/null
   exit 1
+}
+
+stop_all() {
+  # RGW first: with its monitor or OSD gone it hangs on SIGTERM.
+  stop_pid "$dir/radosgw.pid" 10 || true
+  # A memstore OSD writes its data to DIR on SIGTERM: give it time.
+  if alive "$dir/osd.pid"; then
+    if stop_pid "$dir/osd.pid" 60; then touch "$dir/osd.clean"; fi
+  else
+    rm -f "$dir/osd.pid"
+  fi
+  stop_pid "$dir/mon.pid" 10 || true
 }
 
 write_conf() {
@@ -201,7 +215,8 @@ rgw_enable_usage_log = false
 EOF
 }
 
-# A fresh cluster: monitor store, OSD id 0, the store kind in DIR/store.
+# A fresh cluster: monitor store, OSD id 0 (the monitor runs after), the
+# store kind in DIR/store.
 create() {
   rm -rf "$dir/mon" "$dir/osd" "$dir/rgw" "$dir/osd.clean"
   mkdir -p "$dir/mon" "$dir/osd" "$dir/rgw"
@@ -212,6 +227,14 @@ create() {
     failed "monmaptool failed"
   timeout "$(left)" ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" \
     >>"$dir/log/mkfs.out" 2>&1 || failed "ceph-mon --mkfs failed"
+  spawn mon ceph-mon -i a
+  local osd_uuid id
+  osd_uuid=$(uuidgen)
+  id=$(timeout "$(left)" ceph -c "$conf" --connect-timeout 30 \
+    osd new "$osd_uuid" 2>>"$dir/log/mkfs.out") || failed "ceph osd new failed"
+  [ "$id" = 0 ] || failed "ceph osd new gave OSD id '$id', not 0"
+  timeout "$(left)" ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
+    >>"$dir/log/mkfs.out" 2>&1 || failed "ceph-osd --mkfs failed"
   echo "$store" >"$dir/store"
 }
 
@@ -219,10 +242,16 @@ spawn() {  # spawn NAME COMMAND...: detached, foreground mode, PID kept
   local name=$1
   shift
   # Own session, no inherited descriptors: a caller that waits for our
-  # output to end (ctest) is not held up by the daemons.
-  setsid "$@" -f -c "$conf" </dev/null >"$dir/log/$name.out" 2>&1 &
+  # output to end (ctest) is not held up by the daemons, nor is a later
+  # start or stop by our lock.
+  setsid "$@" -f -c "$conf" </dev/null >"$dir/log/$name.out" 2>&1 9>&- &
   echo $! >"$dir/$name.pid"
 }
+
+case $cmd in start | stop)  # one at a time per DIR
+  exec 9>"$dir/lock"
+  flock 9
+esac
 
 case $cmd in
   start)
@@ -230,7 +259,7 @@ case $cmd in
     mkdir -p "$dir/log" "$dir/run" "$dir/crash"
     if alive "$dir/radosgw.pid" && alive "$dir/osd.pid" && alive "$dir/mon.pid"; then
       say "already running for $dir (radosgw pid $(cat "$dir/radosgw.pid"))"
-      env_lines
+      cat "$dir/env" 2>/dev/null || env_lines
       exit 0
     fi
     case $store in
@@ -255,10 +284,11 @@ case $cmd in
     # A memstore OSD that did not stop cleanly left stale or no data, and
     # a store of the other kind is no use: start from nothing then.
     fresh=""
-    if [ ! -f "$dir/mon/store.db/CURRENT" ]; then
+    if [ ! -f "$dir/mon/store.db/CURRENT" ] || [ ! -f "$dir/osd/whoami" ]; then
       fresh=1
     elif [ "$(cat "$dir/store" 2>/dev/null)" != "$store" ]; then
-      say "$dir holds a $(cat "$dir/store" 2>/dev/null) cluster, CKPTIO_RGW_STORE asks for $store: starting an empty one"
+      say "$dir holds a $(cat "$dir/store" 2>/dev/null) cluster, CKPTIO_RGW_STORE asks" \
+        "for $store: starting an empty one"
       fresh=1
     elif [ "$store" = memstore ] && ! alive "$dir/osd.pid" && [ ! -f "$dir/osd.clean" ]; then
       say "the memstore OSD of $dir did not stop cleanly: starting an empty cluster"
@@ -269,15 +299,7 @@ case $cmd in
       create
     else
       write_conf
-    fi
-    alive "$dir/mon.pid" || spawn mon ceph-mon -i a
-    if [ ! -f "$dir/osd/whoami" ]; then
-      osd_uuid=$(uuidgen)
-      id=$(timeout "$(left)" ceph -c "$conf" --connect-timeout 30 \
-        osd new "$osd_uuid" 2>>"$dir/log/mkfs.out") || failed "ceph osd new failed"
-      [ "$id" = 0 ] || failed "ceph osd new gave OSD id '$id', not 0"
-      timeout "$(left)" ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
-        >>"$dir/log/mkfs.out" 2>&1 || failed "ceph-osd --mkfs failed"
+      alive "$dir/mon.pid" || spawn mon ceph-mon -i a
     fi
     if ! alive "$dir/osd.pid"; then
       rm -f "$dir/osd.clean"
@@ -308,22 +330,15 @@ case $cmd in
         >"$dir/log/user.out" 2>&1 || failed "radosgw-admin user create failed"
     fi
     until code=$(s3 PUT "/$bucket") && [ "$code" = 200 ]; do
-      ((SECONDS < deadline)) || failed "creating bucket $bucket answered HTTP $code: $(cat "$dir/log/curl.out")"
+      ((SECONDS < deadline)) ||
+        failed "creating bucket $bucket answered HTTP $code: $(cat "$dir/log/curl.out")"
       sleep 0.2
     done
     env_lines | tee "$dir/env"
     say "RGW serving http://127.0.0.1:$rgw_port for $dir (radosgw pid $(cat "$dir/radosgw.pid"))"
     ;;
   stop)
-    # RGW first: with its monitor or OSD gone it hangs on SIGTERM.
-    stop_pid "$dir/radosgw.pid" 10 || true
-    # A memstore OSD writes its data to DIR on SIGTERM: give it time.
-    if alive "$dir/osd.pid"; then
-      if stop_pid "$dir/osd.pid" 60; then touch "$dir/osd.clean"; fi
-    else
-      rm -f "$dir/osd.pid"
-    fi
-    stop_pid "$dir/mon.pid" 10 || true
+    stop_all
     say "stopped $dir"
     ;;
   status)
