@@ -21,6 +21,8 @@ PACKAGES=(
   clang libclang-rt-14-dev               # libFuzzer targets (tools/fuzz.sh)
   libnfs-dev                             # the nfs:// backend (user-space NFSv3/v4)
   nfs-ganesha nfs-ganesha-vfs rpcbind nfs-common  # a real NFS server for its tests
+  libcurl4-openssl-dev                   # the s3:// backend (HTTP, SigV4 signing)
+  ceph-mon ceph-osd radosgw ceph-common curl  # a real S3 server for its tests (tools/rgw-server.sh)
 )
 
 # tools/gpu-check.sh builds against a pip wheel's LibTorch instead.
