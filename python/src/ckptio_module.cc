@@ -28,36 +28,29 @@ namespace ckptio::python {
 namespace {
 
 using Modules = std::map<std::string, NamedTensors>;
-using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 using Metadata = std::map<std::string, std::string>;
 
-// The Python layer's {name: tensor} dict. Converted by hand: through a
-// std::map, 10,000 tensors cost a save_async's caller 4 ms of tree nodes
-// made and freed, and torch 1.13's check of each tensor
-// (PyObject_IsInstance) 3 ms more; a Tensor's or a Parameter's exact type is
-// checked first. (Their order does not matter: a striped save splits by
-// name.)
-Tensors TensorsOf(const py::dict& tensors) {
-  Tensors out;
-  out.reserve(tensors.size());
+// A State over the Python layer's modules and {name: tensor} dict. Its
+// tensor items refer to the tensors inside the dict's Python objects,
+// which the dict keeps alive for the call (a save reads them, never writes
+// them). Converted by hand: through a std::map, 10,000 tensors cost a
+// save_async's caller 4 ms of tree nodes made and freed, and torch 1.13's
+// check of each tensor (PyObject_IsInstance) 3 ms more; a Tensor's or a
+// Parameter's exact type is checked first. (Their order does not matter: a
+// striped save splits by name.)
+State MakeState(const Modules& modules, const py::dict& tensors, Metadata metadata) {
+  State state;
+  state.items.reserve(modules.size() + tensors.size());
+  for (const auto& [name, named] : modules) state.items.emplace_back(name, named);
   for (const auto& [name, tensor] : tensors) {
     PyObject* t = tensor.ptr();
     if (!PyUnicode_Check(name.ptr()) || !(THPVariable_CheckExact(t) || THPVariable_Check(t)))
       throw py::type_error("tensors must map str names to tensors; got " +
                            std::string(py::str(py::type::of(name))) + " -> " +
                            std::string(py::str(py::type::of(tensor))));
-    out.emplace_back(name.cast<std::string>(), THPVariable_Unpack(t));
+    state.items.emplace_back(name.cast<std::string>(),
+                             const_cast<torch::Tensor&>(THPVariable_Unpack(t)));
   }
-  return out;
-}
-
-// A State over the caller's tensors: `tensors` must outlive it (a tensor
-// item holds a reference).
-State MakeState(const Modules& modules, Tensors& tensors, Metadata metadata) {
-  State state;
-  state.items.reserve(modules.size() + tensors.size());
-  for (const auto& [name, named] : modules) state.items.emplace_back(name, named);
-  for (auto& [name, tensor] : tensors) state.items.emplace_back(name, tensor);
   state.metadata = std::move(metadata);
   return state;
 }
@@ -134,8 +127,7 @@ class PySaveFuture {
 py::tuple LoadWith(const Modules& modules, std::optional<int64_t> step,
                    const py::object& map_location, const py::object& before_apply,
                    const std::function<Result<LoadResult>(State&, const LoadOptions&)>& load) {
-  Tensors none;
-  State state = MakeState(modules, none, {});
+  State state = MakeState(modules, py::dict(), {});
   KeptError kept;
   LoadOptions o;
   o.step = step;
@@ -204,8 +196,7 @@ class PyCheckpointer {
     ckpt_.reset();
   }
 
-  void Save(int64_t step, const Modules& modules, const py::dict& dict, Metadata metadata) {
-    Tensors tensors = TensorsOf(dict);
+  void Save(int64_t step, const Modules& modules, const py::dict& tensors, Metadata metadata) {
     const State state = MakeState(modules, tensors, std::move(metadata));
     Check(Interruptible([&] { return ckpt_->Save(step, state); }));
   }
@@ -213,9 +204,8 @@ class PyCheckpointer {
   // Returns once the state is staged (rank 0) or at once (the others); the
   // state's tensors are not used after. A wait before that (the previous
   // save, the save lock) ends on Ctrl-C; the background save does not.
-  PySaveFuture SaveAsync(int64_t step, const Modules& modules, const py::dict& dict,
+  PySaveFuture SaveAsync(int64_t step, const Modules& modules, const py::dict& tensors,
                          Metadata metadata) {
-    Tensors tensors = TensorsOf(dict);
     const State state = MakeState(modules, tensors, std::move(metadata));
     return PySaveFuture(step, Interruptible([&] { return ckpt_->SaveAsync(step, state); }).share());
   }
@@ -259,8 +249,8 @@ PYBIND11_MODULE(_ckptio, m) {
 
   m.def(
       "save_one",
-      [](const std::string& uri, const Modules& modules, const py::dict& dict, Metadata metadata) {
-        Tensors tensors = TensorsOf(dict);
+      [](const std::string& uri, const Modules& modules, const py::dict& tensors,
+         Metadata metadata) {
         const State state = MakeState(modules, tensors, std::move(metadata));
         Check(Interruptible([&] { return ckptio::save(state, uri); }));  // (the writer lock)
       },
