@@ -122,6 +122,16 @@ def test_what_cannot_be_saved_is_a_type_error_naming_its_path_before_anything_is
     assert ckpt.load({"x": 0}) is None  # nothing was written
 
 
+def test_the_binding_refuses_a_tensors_dict_that_does_not_map_names_to_tensors(store):
+    # (The Python layer never passes one; the binding, which reads the
+    # tensors inside the dict's objects, checks anyway.)
+    from ckptio import _ckptio
+    for bad in ({"a": 1}, {"a": [torch.ones(1)]}, {7: torch.ones(1)}):
+        with pytest.raises(TypeError, match="tensors must map str names to tensors"):
+            _ckptio.save_one(store, {}, bad, {})
+    assert ckptio.Checkpointer(store).load({"a": None}) is None  # nothing was written
+
+
 def test_a_load_that_does_not_fit_raises_and_changes_nothing(store):
     model = make_model(5)
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
