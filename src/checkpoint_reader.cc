@@ -24,7 +24,7 @@ CheckpointReader::~CheckpointReader() = default;
 Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
   auto it = open_.find(e.name);
   if (it != open_.end()) return it->second.get();
-  std::string key = ObjectKey(step(), e.name);
+  std::string key = manifest_.ObjectKeyOf(e.name);
   auto reader = backend_->OpenObject(key);
   if (!reader.ok()) {
     Status s = reader.status();

@@ -352,6 +352,12 @@ const ObjectEntry* Manifest::Find(std::string_view name) const {
   return it != objects.end() && it->name == name ? &*it : nullptr;
 }
 
+std::string Manifest::ObjectKeyOf(std::string_view name) const {
+  auto folder = metadata.find(kObjectsFolderKey);
+  if (folder == metadata.end()) return ObjectKey(step, name);
+  return ObjectKey(step, folder->second + "/" + std::string(name));
+}
+
 uint64_t Manifest::TotalBytes() const {
   uint64_t total = 0;
   for (const auto& o : objects) total += o.size;
@@ -445,6 +451,11 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
   for (const auto& [key, value] : m.metadata) {
     Status ok = ValidateMetadata(key, value);
     if (!ok.ok()) return error("metadata." + key, ok.message());
+  }
+  auto folder = m.metadata.find(kObjectsFolderKey);
+  if (folder != m.metadata.end()) {
+    Status ok = ValidateObjectName(folder->second);  // one component: nothing outside the step
+    if (!ok.ok()) return error(std::string("metadata.") + kObjectsFolderKey, ok.message());
   }
   return OkStatus();
 }

@@ -187,7 +187,7 @@ PendingCheckpoint::~PendingCheckpoint() {
       no_manifest = !manifest.ok() && manifest.status().code() == Code::kNotFound;
     }
     if (no_manifest) {
-      for (const auto& name : st.names) (void)backend.Delete(st.dir + name);
+      for (const auto& name : st.names) (void)backend.Delete(st.objects + name);
       // A striped step may also hold parts of ranks whose receipts never
       // arrived: none of it can be visible, so clear it all.
       if (st.striped) {
@@ -219,7 +219,7 @@ Result<std::unique_ptr<ObjectStream>> PendingCheckpoint::AddObjectTo(State& st,
                                               "\" was already added to step " +
                                               std::to_string(st.step));
   auto writer =
-      st.core->backend->NewObject(st.dir + std::string(name), WriteMode::kCreateExclusive);
+      st.core->backend->NewObject(st.objects + std::string(name), WriteMode::kCreateExclusive);
   if (!writer.ok()) {
     st.Fail(writer.status().WithContext("object " + std::string(name)));
     return writer.status();
@@ -241,6 +241,9 @@ Status PendingCheckpoint::PutObject(std::string_view name, const void* data, siz
 
 Status PendingCheckpoint::SetMetadata(std::string key, std::string value) {
   CKPTIO_RETURN_IF_ERROR(ValidateMetadata(key, value));
+  if (key == kObjectsFolderKey)
+    return Status(Code::kInvalidArgument,
+                  std::string("metadata key \"") + kObjectsFolderKey + "\" is the store's own");
   if (state_->manifest.metadata.size() >= kMaxMetadataEntries &&
       !state_->manifest.metadata.count(key))
     return Status(Code::kInvalidArgument, "at most 10000 metadata entries");
@@ -322,7 +325,7 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
                ? serialized.status().WithContext(what)
                : Status(Code::kInvalidArgument, what + ": the checkpoint is inconsistent: " +
                                                     serialized.status().message());
-  CKPTIO_RETURN_IF_ERROR(CheckTensorObjects(backend, st.dir, m).WithContext(what));
+  CKPTIO_RETURN_IF_ERROR(CheckTensorObjects(backend, st.objects, m).WithContext(what));
   const std::string& bytes = *serialized;
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   st.manifest_tried = true;

@@ -50,6 +50,8 @@ Result<std::unique_ptr<PendingCheckpoint>> StoreWriter::Begin(int64_t step) {
   st->core = state_->core;
   st->step = step;
   st->dir = dir;
+  st->objects = core.objects_folder.empty() ? dir : dir + core.objects_folder + "/";
+  if (!core.objects_folder.empty()) st->manifest.metadata[kObjectsFolderKey] = core.objects_folder;
   core.pending = true;
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(st)));
 }
@@ -201,12 +203,15 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
   if (!rec.ok() && rec.status().code() != Code::kNotFound && rec.status().code() != Code::kDataLoss)
     return rec.status();
   core->generation = generation + 1;
-  WriterRecord me{core->generation, HostName(), static_cast<int64_t>(::getpid()), NowUnixMs()};
+  core->me =
+      WriterRecord{core->generation, HostName(), static_cast<int64_t>(::getpid()), NowUnixMs()};
   CKPTIO_RETURN_IF_ERROR(
-      WriteSmall(*backend_, kWriterKey, SerializeWriterRecord(me), WriteMode::kReplace)
+      WriteSmall(*backend_, kWriterKey, SerializeWriterRecord(core->me), WriteMode::kReplace)
           .WithContext("claiming the writer generation of " + uri()));
+  if (backend_->LocksAreLeases()) core->objects_folder = ObjectsFolderOf(core->me);
 
-  // Temp objects now belong to dead writers.
+  // Unfinished writes and temp objects now belong to dead writers.
+  CKPTIO_ASSIGN_OR_RETURN(core->stale_temps_removed, backend_->AbortUnfinishedWrites());
   CKPTIO_ASSIGN_OR_RETURN(auto keys, backend_->List(""));
   for (const auto& key : keys) {
     if (!IsSweepableTempKey(key)) continue;

@@ -58,12 +58,22 @@ Status DeleteStep(StorageBackend& backend, int64_t step);
 // Keys grouped by step directory; other keys are ignored.
 Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& backend);
 
+// The objects folder of the writer that claimed the store with `w` (see
+// kObjectsFolderKey): "w<generation>-" and 16 hex digits of the record's
+// hash, so two writers' folders differ even where they claimed the same
+// generation. Stripe writers derive the same from .writer.
+std::string ObjectsFolderOf(const WriterRecord& w);
+
 // What a writer and its pending checkpoints share; lives as long as any.
 struct WriterCore {
   std::shared_ptr<StorageBackend> backend;
   std::unique_ptr<BackendLock> lock;
   WriterOptions options;
   int64_t generation = 0;
+  WriterRecord me;  // what this writer wrote to .writer
+  // Where this writer's objects go inside a step: "" (the step's folder),
+  // or ObjectsFolderOf(me) where the backend's locks are leases.
+  std::string objects_folder;
   size_t stale_temps_removed = 0;
   bool pending = false;
 
@@ -77,7 +87,12 @@ struct WriterCore {
                                           "/.writer is gone; open a new writer to continue");
       return rec.status().WithContext("checking the writer fence");
     }
-    if (rec->generation != generation)
+    // The whole record, not just the number: two writers that each believed
+    // they held the lock (a lease broken while its holder was paused, over
+    // s3://) may claim the same generation, and only the last to write
+    // .writer owns it.
+    if (rec->generation != generation || rec->host != me.host || rec->pid != me.pid ||
+        rec->started_unix_ms != me.started_unix_ms)
       return Status(Code::kAborted,
                     "this writer (generation " + std::to_string(generation) +
                         ") was fenced: " + backend->Uri() + "/.writer names generation " +
@@ -98,7 +113,8 @@ struct WriterCore {
 struct PendingCheckpoint::State {
   std::shared_ptr<WriterCore> core;
   int64_t step = 0;
-  std::string dir;  // "step-000000000012/"
+  std::string dir;      // "step-000000000012/": where the manifest goes
+  std::string objects;  // where the objects go: dir, or dir + objects folder + "/"
   Manifest manifest;
   std::set<std::string, std::less<>> names;
   int open_streams = 0;

@@ -114,6 +114,11 @@ Result<WriterRecord> LoadWriterRecord(StorageBackend& backend) {
   return ParseWriterRecord(bytes, backend.Uri() + "/" + std::string(kWriterKey));
 }
 
+std::string ObjectsFolderOf(const WriterRecord& w) {
+  return "w" + std::to_string(w.generation) + "-" +
+         HashBytes(SerializeWriterRecord(w)).Hex().substr(0, 16);
+}
+
 // Deletes a step so that a crash part-way leaves it torn, never committed
 // with objects missing: the manifest goes first.
 Status DeleteStep(StorageBackend& backend, int64_t step) {

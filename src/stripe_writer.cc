@@ -22,11 +22,11 @@ Status PendingCheckpoint::AddStripe(const StripeReceipt& receipt) {
     if (st.names.count(o.name))
       return Status(Code::kInvalidArgument,
                     what + ": object \"" + o.name + "\" is already in the step");
-    auto info = backend.Stat(st.dir + o.name);
+    auto info = backend.Stat(st.objects + o.name);
     if (!info.ok()) {
       if (info.status().code() != Code::kNotFound) return info.status().WithContext(what);
       return Status(Code::kDataLoss, what + ": object " + o.name + " is not in " + backend.Uri() +
-                                         "/" + st.dir +
+                                         "/" + st.objects +
                                          " (its writer died, or the step was "
                                          "cleared after the stripe was written)");
     }
@@ -84,7 +84,7 @@ StripeWriter::~StripeWriter() {
   if (st.core->generation < 0 || !st.core->CheckFence().ok()) return;
   auto manifest = backend.Stat(ManifestKey(st.step));
   if (manifest.ok() || manifest.status().code() != Code::kNotFound) return;
-  for (const auto& o : st.manifest.objects) (void)backend.Delete(st.dir + o.name);
+  for (const auto& o : st.manifest.objects) (void)backend.Delete(st.objects + o.name);
 }
 
 int64_t StripeWriter::step() const { return state_->step; }
@@ -141,10 +141,20 @@ Result<std::unique_ptr<StripeWriter>> Store::BeginStripe(int64_t step, int rank,
   core->options.chunk_size = chunk_size;
   auto writer = LoadWriterRecord(*backend_);  // whose save this is (see ~StripeWriter)
   core->generation = writer.ok() ? writer->generation : -1;
+  if (writer.ok()) core->me = *writer;
+  if (backend_->LocksAreLeases()) {
+    // The parts go in the writer's objects folder, named by its record.
+    if (!writer.ok())
+      return writer.status().WithContext("rank " + std::to_string(rank) + "'s stripe of step " +
+                                         std::to_string(step) + ": reading the writer's record");
+    core->objects_folder = ObjectsFolderOf(*writer);
+  }
   auto st = std::make_unique<PendingCheckpoint::State>();
   st->core = std::move(core);
   st->step = step;
   st->dir = StepDirName(step) + "/";
+  st->objects =
+      st->core->objects_folder.empty() ? st->dir : st->dir + st->core->objects_folder + "/";
   return std::unique_ptr<StripeWriter>(new StripeWriter(std::move(st), rank));
 }
 }  // namespace ckptio

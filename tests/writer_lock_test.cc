@@ -447,5 +447,90 @@ TEST_F(WriterLockTest, FencedWriterCannotCommit) {
   EXPECT_EQ(store->OpenStep(2).status().code(), Code::kNotFound);
 }
 
+// Two writers that each believed they held the lock (an object store's
+// lease broken while its holder was paused) both claim generation
+// max + 1: the one whose claim .writer no longer holds is fenced, though
+// the number matches.
+TEST_F(WriterLockTest, ASameGenerationClaimedByAnotherWriterFences) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w1, store->OpenWriter(WriterOptions{}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w1->Begin(1));
+  const std::string data = RandomBytes(5000, 2);
+  CKPTIO_ASSERT_OK(pending->PutObject("a.bin", data.data(), data.size()));
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto other, NewPosixBackend(path_));
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto rec, other->NewObject(kWriterKey, WriteMode::kReplace));
+    const std::string bytes = SerializeWriterRecord({w1->generation(), "otherhost", 4242, 7});
+    CKPTIO_ASSERT_OK(rec->Append(bytes.data(), bytes.size()));
+    CKPTIO_ASSERT_OK(rec->Commit());
+  }
+  auto committed = pending->Commit();
+  ASSERT_FALSE(committed.ok()) << "a writer whose claim was overwritten committed step 1";
+  EXPECT_EQ(committed.status().code(), Code::kAborted) << committed.status();
+  EXPECT_NE(committed.status().message().find("otherhost"), std::string::npos)
+      << committed.status();
+  EXPECT_EQ(store->OpenStep(1).status().code(), Code::kNotFound);
+}
+
+// A backend whose locks are leases that can be broken under a live holder
+// (an object store): every TryLock succeeds, as a lease taken over after
+// its holder paused past it would.
+class LeasingBackend : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  bool LocksAreLeases() const override { return true; }
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view, LockMode) override {
+    return std::unique_ptr<BackendLock>(new BackendLock);
+  }
+};
+
+// Where locks are leases, each writer writes its objects in a folder of its
+// own, named by the manifest: a writer that lost its lease and goes on
+// writing cannot touch the step its successor committed, and its commit is
+// fenced. (Without folders its objects would land on the committed names.)
+TEST_F(WriterLockTest, WhereLocksAreLeasesAStaleWriterCannotTouchACommittedStep) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto posix, NewPosixBackend(path_));
+  auto leasing =
+      std::make_shared<LeasingBackend>(std::shared_ptr<StorageBackend>(std::move(posix)));
+  Store store(leasing);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale, store.OpenWriter(WriterOptions{}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale_step, stale->Begin(5));
+  const std::string old_bytes = RandomBytes(9000, 3);
+  CKPTIO_ASSERT_OK(stale_step->PutObject("a.bin", old_bytes.data(), old_bytes.size()));
+
+  // The successor takes over (the stale writer's lease was broken) and
+  // commits step 5 with an object of the same name.
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto next, store.OpenWriter(WriterOptions{}));
+  const std::string new_bytes = RandomBytes(9000, 4);
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, next->Begin(5));
+    CKPTIO_ASSERT_OK(p->PutObject("a.bin", new_bytes.data(), new_bytes.size()));
+    CKPTIO_ASSERT_OK(p->Commit().status());
+  }
+  // The stale writer wakes up and goes on: its late object goes to its own
+  // folder, and its commit is refused.
+  CKPTIO_ASSERT_OK(stale_step->PutObject("b.bin", old_bytes.data(), old_bytes.size()));
+  auto committed = stale_step->Commit();
+  ASSERT_FALSE(committed.ok()) << "a stale writer committed step 5 over its successor's";
+  EXPECT_EQ(committed.status().code(), Code::kAborted) << committed.status();
+  stale_step.reset();
+
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, store.OpenStep(5));
+  CKPTIO_ASSERT_OK(reader->Verify());
+  const auto& meta = reader->manifest().metadata;
+  ASSERT_TRUE(meta.count(kObjectsFolderKey)) << "no objects folder in the manifest";
+  const std::string folder = meta.at(kObjectsFolderKey);
+  EXPECT_EQ(folder.rfind("w" + std::to_string(next->generation()) + "-", 0), 0u) << folder;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string got, reader->ReadAll("a.bin"));
+  EXPECT_EQ(got, new_bytes);
+  EXPECT_EQ(testing::ReadFile(path_ + "/" + StepDirName(5) + "/" + folder + "/a.bin"), new_bytes);
+  // A manifest whose folder would leave the step is damage.
+  Manifest m = reader->manifest();
+  m.metadata[kObjectsFolderKey] = "..";
+  EXPECT_EQ(ParseManifest(SerializeManifest(m), "test").status().code(), Code::kDataLoss);
+}
+
 }  // namespace
+
 }  // namespace ckptio

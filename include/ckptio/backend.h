@@ -154,6 +154,21 @@ class CKPTIO_EXPORT StorageBackend {
     return Status(Code::kUnimplemented, Uri() + ": this backend does not support locks");
   }
 
+  // Discards writes that were started and never committed, and that List
+  // does not show as temp objects (an object store's multipart uploads
+  // under the store); returns how many. The core calls it where it sweeps
+  // stale temp objects: when a writer takes the store (so also at `ckptio
+  // fsck --repair` and `gc`). Default: there are none.
+  virtual Result<size_t> AbortUnfinishedWrites() { return size_t{0}; }
+
+  // Whether a writer can go on changing objects after it lost the writer
+  // lock without knowing it: TryLock's locks are leases that the storage
+  // does not enforce on writes (an object store). The core then writes the
+  // objects of each writer in a folder of its own inside the step, named by
+  // the manifest (ObjectsFolder, manifest.h), so a stale writer's late
+  // writes never land on a step that another writer committed.
+  virtual bool LocksAreLeases() const { return false; }
+
   // Whether anyone (another process, or this one) holds a lock named `key`,
   // without taking it. Unimplemented if the backend cannot tell.
   virtual Result<bool> IsLocked(std::string_view key) {

@@ -82,6 +82,13 @@ CKPTIO_EXPORT size_t DtypeSize(std::string_view dtype);
 inline constexpr size_t kMaxTensors = 1000000;
 inline constexpr size_t kMaxTensorRank = 32;
 
+// The metadata entry naming the folder, inside the step, that holds a
+// step's objects, when they are not in the step's folder itself: one
+// component (ValidateObjectName). Written where the backend's locks are
+// leases (StorageBackend::LocksAreLeases): one folder per writer, so a
+// writer that lost its lease cannot overwrite another's committed objects.
+inline constexpr char kObjectsFolderKey[] = "ckptio.objects_folder";
+
 struct CKPTIO_EXPORT Manifest {
   int format_version = kManifestFormatVersion;
   int64_t step = 0;
@@ -96,6 +103,9 @@ struct CKPTIO_EXPORT Manifest {
 
   // nullptr if absent.
   const ObjectEntry* Find(std::string_view name) const;
+  // The store key of object `name`: "step-.../<name>", or
+  // "step-.../<folder>/<name>" when the metadata names an objects folder.
+  std::string ObjectKeyOf(std::string_view name) const;
   uint64_t TotalBytes() const;
 };
 

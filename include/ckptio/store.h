@@ -294,7 +294,8 @@ class CKPTIO_EXPORT StoreWriter {
   StoreWriter& operator=(const StoreWriter&) = delete;
 
   int64_t generation() const;
-  // Temp objects of dead writers deleted when the lock was taken.
+  // Temp objects and unfinished uploads (StorageBackend::
+  // AbortUnfinishedWrites) of dead writers removed when the lock was taken.
   size_t stale_temps_removed() const;
 
   // Starts checkpoint `step` (0..kMaxStep). AlreadyExists if committed;

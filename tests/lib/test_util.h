@@ -61,6 +61,8 @@ class ForwardingBackend : public StorageBackend {
   }
   Status Delete(std::string_view key) override { return inner_->Delete(key); }
   Result<bool> IsLocked(std::string_view key) override { return inner_->IsLocked(key); }
+  bool LocksAreLeases() const override { return inner_->LocksAreLeases(); }
+  Result<size_t> AbortUnfinishedWrites() override { return inner_->AbortUnfinishedWrites(); }
   Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
     return inner_->TryLock(key, mode);
   }

@@ -118,6 +118,8 @@ class KillingBackend : public ckptio::StorageBackend {
   }
   ckptio::Status Delete(std::string_view key) override { return inner_->Delete(key); }
   ckptio::Result<bool> IsLocked(std::string_view key) override { return inner_->IsLocked(key); }
+  bool LocksAreLeases() const override { return inner_->LocksAreLeases(); }
+  ckptio::Result<size_t> AbortUnfinishedWrites() override { return inner_->AbortUnfinishedWrites(); }
   ckptio::Result<std::unique_ptr<ckptio::BackendLock>> TryLock(std::string_view key,
                                                                ckptio::LockMode mode) override {
     return inner_->TryLock(key, mode);

@@ -56,6 +56,8 @@ class CKPTIO_EXPORT FaultyBackend : public StorageBackend {
   Result<std::vector<std::string>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
   Result<bool> IsLocked(std::string_view key) override;
+  bool LocksAreLeases() const override { return inner_->LocksAreLeases(); }
+  Result<size_t> AbortUnfinishedWrites() override { return inner_->AbortUnfinishedWrites(); }
   Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override;
 
   // Counts one operation; non-OK if the plan fails it. (Used by the
