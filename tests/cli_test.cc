@@ -288,14 +288,14 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
 
 TEST_F(CliTest, UnknownSchemeExitsTwoAndListsKnownSchemes) {
   for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"ls", "s3://bucket/x"},
-        std::vector<std::string>{"verify", "s3://bucket/x", "--all"},
-        std::vector<std::string>{"inspect", "s3://bucket/x", "latest"},
-        std::vector<std::string>{"fsck", "s3://bucket/x", "--repair"},
-        std::vector<std::string>{"gc", "s3://bucket/x", "--keep", "1"}}) {
+       {std::vector<std::string>{"ls", "gs://bucket/x"},
+        std::vector<std::string>{"verify", "gs://bucket/x", "--all"},
+        std::vector<std::string>{"inspect", "gs://bucket/x", "latest"},
+        std::vector<std::string>{"fsck", "gs://bucket/x", "--repair"},
+        std::vector<std::string>{"gc", "gs://bucket/x", "--keep", "1"}}) {
     RunResult r = Ckptio(args);
     EXPECT_EQ(r.exit_code, 2) << "ckptio " << Join(args) << "\n" << r;
-    EXPECT_NE(r.err.find("s3"), std::string::npos) << r;
+    EXPECT_NE(r.err.find("gs"), std::string::npos) << r;
     EXPECT_NE(r.err.find("file://"), std::string::npos)
         << "the error should list the known schemes\n"
         << r;

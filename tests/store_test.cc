@@ -283,7 +283,7 @@ TEST_F(StoreTest, BadOptionsAndStepsAreRejected) {
 TEST_F(StoreTest, EmptyAndMissingStores) {
   EXPECT_EQ(store_->ListSteps().status().code(), Code::kNotFound) << "store dir absent";
   EXPECT_EQ(store_->OpenLatest().status().code(), Code::kNotFound);
-  auto unknown = OpenStore("s3://bucket/x");
+  auto unknown = OpenStore("gs://bucket/x");
   EXPECT_EQ(unknown.status().code(), Code::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("file://"), std::string::npos);
 }

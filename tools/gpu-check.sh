@@ -150,9 +150,9 @@ for d in "$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 done
 
 export CKPTIO_NO_DEBIAN_TORCH=1 CKPTIO_BUILD_DIR="$BUILD"
-# (The Python package is not among the GPU checks: it needs pybind11.)
+# (The Python package and s3:// are not among the GPU checks: they need pybind11, libcurl.)
 export CKPTIO_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$cmake_prefix $cmake_extra -DCMAKE_BUILD_TYPE=Release \
-  -DCKPTIO_WITH_PYTHON=OFF"
+  -DCKPTIO_WITH_PYTHON=OFF -DCKPTIO_WITH_S3=OFF"
 build_checks() {
   CKPTIO_BUILD_TARGETS="torch_state_test torch_async_test ckptio-bench" "$ROOT/tools/setup.sh"
 }

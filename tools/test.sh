@@ -90,13 +90,17 @@ if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   [ -f "$tsan/build.ninja" ] || cmake -S "$CKPTIO_ROOT" -B "$tsan" -G Ninja -DCKPTIO_SANITIZE=thread >/dev/null
   echo "setup: building the tsan-labelled tests into $tsan"
   cmake --build "$tsan" --target posix_backend_test store_test writer_lock_test coordination_test \
-    nfs_store_test nfs_lock_test -- -j"$(nproc)"
+    nfs_store_test nfs_lock_test s3_store_test -- -j"$(nproc)"
   TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (locks, coordination)" -L tsan "$@"
   # The NFS lock tests: v4 renewals and releases, v3 leases, on their threads
   # (not with a filter of the caller's: it would pick NFS tests not built here).
   if [ "$filtered" = 0 ]; then
     TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (NFS locks)" -L nfs \
       -R 'Lock|Lease|Renew|Release'
+    # s3://: the lease's renewal thread, parts uploaded and ranges read in
+    # parallel, a backend shared by threads.
+    TSAN_OPTIONS=halt_on_error=1 run_suite "$tsan" "tsan (S3 leases, parallel requests)" -L s3 \
+      -R 'Lease|Lock|Racing|Concurrent|LargerThanOnePart|MidSave'
   fi
 fi
 if [ "${CKPTIO_TORCH2:-1}" != 0 ]; then

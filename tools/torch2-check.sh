@@ -19,7 +19,8 @@ CHROOT=${CKPTIO_TORCH2_ROOT:-/var/cache/ckptio/trixie}
 MIRROR=${CKPTIO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PACKAGES="cmake ninja-build g++ ccache pkg-config libboost-filesystem-dev libboost-dev
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
-  libtorch-dev libgloo-dev libnfs-dev python3-torch python3-dev pybind11-dev python3-pytest"
+  libtorch-dev libgloo-dev libnfs-dev libcurl4-openssl-dev python3-torch python3-dev pybind11-dev
+  python3-pytest"
 
 skip() {
   echo "torch2-check: skipped: $*"

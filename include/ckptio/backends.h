@@ -11,8 +11,9 @@
 
 namespace ckptio {
 
-// A registry holding every built-in backend ("file", and "nfs" where ckptio
-// was built with CKPTIO_WITH_NFS, the default; the test-only
+// A registry holding every built-in backend ("file", "nfs" where ckptio
+// was built with CKPTIO_WITH_NFS and "s3" with CKPTIO_WITH_S3, the
+// defaults; the test-only
 // "faulty+" schemes are not among them: see plugins/faulty). Each plugin is
 // registered by an explicit call here, so none can be dropped by the
 // linker. Built once, on first use; thread-safe.

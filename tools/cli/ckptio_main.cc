@@ -422,7 +422,7 @@ int Main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "export") return RunExport(argc, argv);
   CLI::App app{
       "ckptio: inspect, verify, repair and trim checkpoint stores.\n"
-      "STORE is file:///abs/path or a plain path."};
+      "STORE is file:///abs/path, a plain path, nfs://server/export/path or s3://bucket/prefix."};
   app.require_subcommand(1);
   std::string uri, step;
   bool as_json = false, verify = false, all = false, repair = false;

@@ -28,30 +28,10 @@ run=ddp-$$
 mkdir -p "$export_dir/$run"
 v3() { echo "nfs://127.0.0.1$export_dir/$run/$1?version=3&nfsport=20490&mountport=20048&lease_ms=3000"; }
 v4() { echo "nfs://127.0.0.1/export/$run/$1?version=4&nfsport=20490"; }
-hash_of() { sed -n 's/^final parameter hash: //p' "$1"; }
-demo() { "$bin/ckptio-launch" -n 4 --grace 30 -- "$bin/ckptio-ddp-demo" --steps 40 --every 10 "$@"; }
-fail() { cat "$tmp/log"; echo "FAIL: $*"; exit 1; }
-
-demo --store "$tmp/local" >"$tmp/log" 2>&1 || fail "the local reference run"
-clean=$(hash_of "$tmp/log")
-
-kill_and_resume() {  # kill_and_resume NAME URI WAIT EXPECTED_WAITER_ERROR TIMEOUT
-  local name=$1 uri=$2 wait=$3 expect=$4 timeout=$5
-  set +e
-  demo --store "$uri" --wait "$wait" --timeout "$timeout" --kill-rank0-during-save=20 >"$tmp/log" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" != 0 ] || fail "$name: the killed run exited 0"
-  grep -q "rank 0 killed by signal 9" "$tmp/log" || fail "$name: rank 0 was not killed"
-  local n
-  n=$(grep -c "$expect" "$tmp/log" || true)
-  [ "$n" = 3 ] || fail "$name: $n of 3 waiters reported \"$expect\""
-  demo --store "$uri" --wait "$wait" --timeout 30 >"$tmp/log" 2>&1 || fail "$name: the relaunch"
-  grep -q "resumed from step 10" "$tmp/log" || fail "$name: did not resume from step 10"
-  [ "$(hash_of "$tmp/log")" = "$clean" ] || fail "$name: final hash differs from the local run"
-  "$bin/ckptio" verify "$uri" --all >/dev/null || fail "$name: ckptio verify"
-  echo "ddp over nfs ($name): rank 0 killed at step 20, waiters: $expect; resumed from 10; final hash = local run"
-}
+label=nfs
+# shellcheck source=../../../tests/lib/ddp_kill_resume.sh
+. "$here/../../../tests/lib/ddp_kill_resume.sh"
+reference_run
 
 kill_and_resume "v3, manifest" "$(v3 a)" manifest "DEADLINE_EXCEEDED.*step 20" 5
 kill_and_resume "v4, file-lock" "$(v4 b)" file-lock "writer died before committing step 20" 30

@@ -1,0 +1,502 @@
+// The s3:// backend's objects (see s3_objects.h and ckptio/s3_backend.h).
+#include "s3_objects.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+namespace ckptio::s3 {
+namespace {
+
+// S3's limit: an upload has at most 10,000 parts.
+constexpr size_t kMaxParts = 10000;
+// A listing longer than this is refused rather than held in memory.
+constexpr size_t kMaxListedKeys = 10'000'000;
+// And so are more pages than that many keys need (a server that answers
+// "truncated" for ever with empty pages).
+constexpr size_t kMaxListPages = kMaxListedKeys / 1000 + 1;
+
+Status Unexpected(const Client& client, const Request& request, const Response& response) {
+  return client.Failure(request, response);
+}
+
+// Runs work(i) for i in [0, n), up to `parallel` at once (this thread
+// included); the first failure is returned, and the rest are not started.
+Status ForEachParallel(size_t n, int parallel, const std::function<Status(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first = OkStatus();
+  std::atomic<bool> failed{false};
+  auto run = [&] {
+    for (size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
+      Status s = work(i);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> g(mu);
+        if (first.ok()) first = s;
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const size_t extra = std::min<size_t>(n, static_cast<size_t>(std::max(parallel, 1))) - (n > 0);
+  try {
+    for (size_t t = 0; t < extra; ++t) threads.emplace_back(run);
+  } catch (const std::system_error&) {
+    // No more threads: the ones started (and this one) do the work.
+  }
+  run();
+  for (auto& t : threads) t.join();
+  return first;
+}
+
+// Fills buf with [offset, offset + size) of `full_key` by one ranged GET.
+Status GetRange(Client& client, const std::string& full_key, uint64_t offset, char* buf,
+                size_t size) {
+  Request r;
+  r.method = "GET";
+  r.key = full_key;
+  r.headers.push_back("Range: bytes=" + std::to_string(offset) + "-" +
+                      std::to_string(offset + size - 1));
+  r.sink = buf;
+  r.sink_size = size;
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  if (got.status != 206 && !(got.status == 200 && offset == 0)) return Unexpected(client, r, got);
+  if (got.received != size)
+    return Status(Code::kDataLoss, "s3://" + client.options().bucket + "/" + full_key +
+                                       ": bytes [" + std::to_string(offset) + ", " +
+                                       std::to_string(offset + size) + ") came back " +
+                                       std::to_string(got.received) +
+                                       " bytes long: the object is shorter than when opened");
+  return OkStatus();
+}
+
+Result<uint64_t> Head(Client& client, const std::string& full_key) {
+  Request r;
+  r.method = "HEAD";
+  r.key = full_key;
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  if (got.status != 200) return Unexpected(client, r, got);
+  const std::string length = got.Header("content-length");
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(length.c_str(), &end, 10);
+  if (length.empty() || *end != '\0')
+    return Status(Code::kUnavailable, "s3://" + client.options().bucket + "/" + full_key +
+                                          ": HEAD answered without a Content-Length");
+  return static_cast<uint64_t>(n);
+}
+
+// Writes an object: buffered to one part, then one PUT or a multipart upload.
+class S3Writer : public ObjectWriter {
+ public:
+  S3Writer(std::shared_ptr<Client> client, std::string full_key, WriteMode mode)
+      : client_(std::move(client)), key_(std::move(full_key)), mode_(mode) {}
+
+  ~S3Writer() override {
+    if (done_) return;
+    (void)WaitParts();  // their outcome no longer matters
+    if (!upload_id_.empty()) Abort();
+  }
+
+  Status Append(const void* data, size_t size) override {
+    if (!error_.ok()) return error_;
+    if (done_) return Status(Code::kFailedPrecondition, Where() + ": writer already committed");
+    const char* p = static_cast<const char*>(data);
+    const size_t part = client_->options().part_bytes;
+    while (size > 0) {
+      size_t take = std::min(size, part - buffer_.size());
+      buffer_.append(p, take);
+      p += take;
+      size -= take;
+      if (buffer_.size() == part) CKPTIO_RETURN_IF_ERROR(SendPart());
+    }
+    return OkStatus();
+  }
+
+  Status Commit() override {
+    if (!error_.ok()) return error_;
+    if (done_) return Status(Code::kFailedPrecondition, Where() + ": writer already committed");
+    if (upload_id_.empty()) {
+      Status s =
+          mode_ == WriteMode::kCreateExclusive ? PutExclusive(*client_, key_, buffer_) : Put();
+      done_ = true;
+      buffer_ = std::string();
+      return s;
+    }
+    if (!buffer_.empty()) CKPTIO_RETURN_IF_ERROR(SendPart());
+    Status s = WaitParts();
+    // Servers ignore If-None-Match on CompleteMultipartUpload: an exclusive
+    // object larger than a part is checked just before, which a racing
+    // creator can still beat (the core writes such objects only under
+    // names no other writer uses).
+    if (s.ok() && mode_ == WriteMode::kCreateExclusive) {
+      auto there = Head(*client_, key_);
+      if (there.ok())
+        s = Status(Code::kAlreadyExists, Where() + " already exists (created by another writer)");
+      else if (there.status().code() != Code::kNotFound)
+        s = there.status();
+    }
+    if (s.ok()) s = Complete();
+    if (!s.ok()) return Fail(s);
+    done_ = true;
+    return OkStatus();
+  }
+
+ private:
+  std::string Where() const { return "s3://" + client_->options().bucket + "/" + key_; }
+
+  Status Fail(Status s) {
+    error_ = s;
+    (void)WaitParts();  // their outcome no longer matters
+    if (!upload_id_.empty()) Abort();
+    upload_id_.clear();
+    done_ = true;
+    return s;
+  }
+
+  Status Put() {
+    Request r;
+    r.method = "PUT";
+    r.key = key_;
+    r.body = buffer_;
+    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
+    if (got.status != 200) return Unexpected(*client_, r, got);
+    return OkStatus();
+  }
+
+  // Starts the upload if needed, then sends the buffer as the next part in
+  // the background, waiting first for the oldest when `parallel` are out.
+  Status SendPart() {
+    if (upload_id_.empty()) CKPTIO_RETURN_IF_ERROR(Initiate());
+    if (etags_.size() == kMaxParts)
+      return Fail(Status(Code::kResourceExhausted,
+                         Where() + ": more than 10000 parts: raise part_mib in the URI"));
+    while (in_flight_.size() >= static_cast<size_t>(client_->options().parallel)) {
+      Status s = WaitOldest();
+      if (!s.ok()) return Fail(s);
+    }
+    const size_t number = etags_.size() + 1;
+    etags_.emplace_back();
+    auto body = std::make_shared<std::string>(std::move(buffer_));
+    buffer_ = std::string();
+    buffer_.reserve(client_->options().part_bytes);
+    auto client = client_;
+    auto key = key_;
+    auto id = upload_id_;
+    std::string* etag = &etags_[number - 1];
+    try {
+      in_flight_.push_back(std::async(std::launch::async, [client, key, id, body, number, etag] {
+        Request r;
+        r.method = "PUT";
+        r.key = key;
+        r.query = {{"partNumber", std::to_string(number)}, {"uploadId", id}};
+        r.body = *body;
+        auto got = client->Send(r);
+        if (!got.ok()) return got.status();
+        if (got->status != 200) return client->Failure(r, *got);
+        *etag = got->Header("etag");
+        if (etag->empty())
+          return Status(Code::kUnavailable, "s3://" + client->options().bucket + "/" + key +
+                                                ": part " + std::to_string(number) +
+                                                " was stored without an ETag");
+        return OkStatus();
+      }));
+    } catch (const std::system_error& e) {
+      return Fail(
+          Status(Code::kResourceExhausted, Where() + ": no thread for a part: " + e.what()));
+    }
+    return OkStatus();
+  }
+
+  Status WaitOldest() {
+    Status s = in_flight_.front().get();
+    in_flight_.pop_front();
+    return s;
+  }
+
+  Status WaitParts() {
+    Status first = OkStatus();
+    while (!in_flight_.empty()) {
+      Status s = WaitOldest();
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+
+  Status Initiate() {
+    Request r;
+    r.method = "POST";
+    r.key = key_;
+    r.query = {{"uploads", ""}};
+    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
+    if (got.status != 200) return Unexpected(*client_, r, got);
+    auto ids = XmlValues(got.body, "UploadId");
+    if (ids.empty() || ids.front().empty())
+      return Status(Code::kUnavailable, Where() + ": the server started an upload without an id");
+    upload_id_ = ids.front();
+    return OkStatus();
+  }
+
+  // Not retried: a completed upload answers a second Complete with
+  // NoSuchUpload, which would fail a save that succeeded.
+  Status Complete() {
+    std::string xml = "<CompleteMultipartUpload>";
+    for (size_t i = 0; i < etags_.size(); ++i)
+      xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etags_[i] +
+             "</ETag></Part>";
+    xml += "</CompleteMultipartUpload>";
+    Request r;
+    r.method = "POST";
+    r.key = key_;
+    r.query = {{"uploadId", upload_id_}};
+    r.body = xml;
+    r.idempotent = false;
+    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
+    // S3 may answer 200 and report the failure in the body.
+    if (got.status == 200 && got.body.find("<Error>") != std::string::npos) got.status = 500;
+    if (got.status != 200) return Unexpected(*client_, r, got);
+    upload_id_.clear();
+    return OkStatus();
+  }
+
+  // Best effort: an upload left behind is invisible, and `ckptio gc` aborts it.
+  void Abort() {
+    Request r;
+    r.method = "DELETE";
+    r.key = key_;
+    r.query = {{"uploadId", upload_id_}};
+    (void)client_->Send(r);
+    upload_id_.clear();
+  }
+
+  std::shared_ptr<Client> client_;
+  const std::string key_;
+  const WriteMode mode_;
+  std::string buffer_;
+  std::string upload_id_;
+  std::deque<std::string> etags_;  // a deque: parts write through stable pointers
+  std::deque<std::future<Status>> in_flight_;
+  Status error_ = OkStatus();
+  bool done_ = false;
+};
+
+class MemoryView : public ObjectView {
+ public:
+  explicit MemoryView(uint64_t size) : size_(size), data_(new char[size ? size : 1]) {}
+  char* data() override { return data_.get(); }
+  uint64_t size() const override { return size_; }
+
+ private:
+  uint64_t size_;
+  std::unique_ptr<char[]> data_;
+};
+
+class S3Reader : public ObjectReader {
+ public:
+  S3Reader(std::shared_ptr<Client> client, std::string full_key, uint64_t size)
+      : client_(std::move(client)), key_(std::move(full_key)), size_(size) {}
+
+  uint64_t Size() const override { return size_; }
+
+  Status ReadAt(uint64_t offset, void* buf, size_t size) override {
+    if (offset > size_ || size > size_ - offset)
+      return Status(Code::kDataLoss, "s3://" + client_->options().bucket + "/" + key_ +
+                                         ": bytes [" + std::to_string(offset) + ", " +
+                                         std::to_string(offset + size) + ") are past its end (" +
+                                         std::to_string(size_) + " bytes)");
+    if (size == 0) return OkStatus();
+    // Large reads in part-sized ranges, `parallel` at once.
+    const uint64_t piece = client_->options().part_bytes;
+    const size_t pieces = static_cast<size_t>((size + piece - 1) / piece);
+    char* out = static_cast<char*>(buf);
+    return ForEachParallel(pieces, client_->options().parallel, [&](size_t i) {
+      const uint64_t begin = i * piece;
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(piece, size - begin));
+      return GetRange(*client_, key_, offset + begin, out + begin, len);
+    });
+  }
+
+  Result<std::unique_ptr<ObjectView>> Map() override {
+    auto view = std::make_unique<MemoryView>(size_);
+    CKPTIO_RETURN_IF_ERROR(ReadAt(0, view->data(), size_));
+    return std::unique_ptr<ObjectView>(std::move(view));
+  }
+
+ private:
+  std::shared_ptr<Client> client_;
+  const std::string key_;
+  const uint64_t size_;
+};
+
+}  // namespace
+
+std::string FullKey(const S3Options& options, std::string_view key) {
+  return options.prefix.empty() ? std::string(key) : options.prefix + "/" + std::string(key);
+}
+
+Result<std::string> BucketKey(const S3Options& options, std::string_view key) {
+  CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
+  std::string full = FullKey(options, key);
+  if (full.size() > kMaxKeyLength)
+    return Status(Code::kInvalidArgument, "s3://" + options.bucket + "/" + full.substr(0, 64) +
+                                              "...: with the prefix \"" + options.prefix +
+                                              "\" the key is " + std::to_string(full.size()) +
+                                              " bytes, over S3's 1024: use a shorter prefix");
+  return full;
+}
+
+Result<std::string> GetSmall(Client& client, const std::string& full_key, Response* response) {
+  Request r;
+  r.method = "GET";
+  r.key = full_key;
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  if (got.status != 200) return Unexpected(client, r, got);
+  std::string body = std::move(got.body);
+  if (response) *response = std::move(got);
+  return body;
+}
+
+Status PutExclusive(Client& client, const std::string& full_key, std::string_view bytes) {
+  Request r;
+  r.method = "PUT";
+  r.key = full_key;
+  r.body = bytes;
+  r.headers.push_back("If-None-Match: *");
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  if (got.status == 200) return OkStatus();
+  if (got.status != 412) return Unexpected(client, r, got);
+  if (got.attempts > 1) {  // perhaps our own earlier try, whose answer was lost
+    auto stored = GetSmall(client, full_key);
+    if (stored.ok() && *stored == bytes) return OkStatus();
+  }
+  return Status(Code::kAlreadyExists, "s3://" + client.options().bucket + "/" + full_key +
+                                          " already exists (created by another writer)");
+}
+
+Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, WriteMode mode) {
+  CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
+  return std::unique_ptr<ObjectWriter>(new S3Writer(client_, std::move(full), mode));
+}
+
+Result<std::unique_ptr<ObjectReader>> Objects::OpenObject(std::string_view key) {
+  CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
+  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, Head(*client_, full));
+  return std::unique_ptr<ObjectReader>(new S3Reader(client_, std::move(full), size));
+}
+
+Result<ObjectInfo> Objects::Stat(std::string_view key) {
+  CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
+  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, Head(*client_, full));
+  ObjectInfo info;
+  info.size = size;
+  return info;
+}
+
+Result<std::vector<std::string>> Objects::List(std::string_view prefix) {
+  CKPTIO_RETURN_IF_ERROR(ValidatePrefix(prefix));
+  const S3Options& o = client_->options();
+  const std::string root = o.prefix.empty() ? "" : o.prefix + "/";
+  const std::string wanted = root + std::string(prefix);
+  std::vector<std::string> out;
+  std::string token;
+  const auto deadline = client_->Deadline();
+  for (size_t page = 0;; ++page) {
+    if (page == kMaxListPages)
+      return Status(Code::kResourceExhausted, client_->Where() + ": the server's listing of \"" +
+                                                  wanted + "\" went on for more than " +
+                                                  std::to_string(kMaxListPages) + " pages");
+    Request r;
+    r.method = "GET";
+    r.query = {{"list-type", "2"}, {"prefix", wanted}};
+    if (!token.empty()) r.query["continuation-token"] = token;
+    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r, deadline));
+    if (got.status != 200) return Unexpected(*client_, r, got);
+    for (auto& key : XmlValues(got.body, "Key")) {
+      // Only keys of this store that ckptio could have written.
+      if (key.compare(0, wanted.size(), wanted) != 0) continue;
+      std::string rel = key.substr(root.size());
+      if (!ValidateKey(rel).ok()) continue;
+      if (out.size() == kMaxListedKeys)
+        return Status(Code::kResourceExhausted, client_->Where() +
+                                                    ": more than 10 million keys under \"" +
+                                                    wanted + "\": is this prefix a ckptio store?");
+      out.push_back(std::move(rel));
+    }
+    auto truncated = XmlValues(got.body, "IsTruncated");
+    if (truncated.empty() || truncated.front() != "true") break;
+    auto next = XmlValues(got.body, "NextContinuationToken");
+    if (next.empty() || next.front().empty() || next.front() == token)
+      return Status(Code::kUnavailable, client_->Where() +
+                                            ": a truncated listing came without a new "
+                                            "continuation token");
+    token = next.front();
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Status Objects::Delete(std::string_view key) {
+  CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
+  CKPTIO_RETURN_IF_ERROR(Head(*client_, full).status());  // NotFound when absent
+  Request r;
+  r.method = "DELETE";
+  r.key = full;
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
+  if (got.status != 204 && got.status != 200) return Unexpected(*client_, r, got);
+  return OkStatus();
+}
+
+Result<size_t> Objects::AbortUploads() {
+  const S3Options& o = client_->options();
+  const std::string root = o.prefix.empty() ? "" : o.prefix + "/";
+  size_t aborted = 0;
+  std::string key_marker, id_marker;
+  const auto deadline = client_->Deadline();
+  for (size_t page = 0;; ++page) {
+    if (page == kMaxListPages)
+      return Status(Code::kResourceExhausted,
+                    client_->Where() +
+                        ": the listing of unfinished uploads went on for more than " +
+                        std::to_string(kMaxListPages) + " pages");
+    Request r;
+    r.method = "GET";
+    r.query = {{"uploads", ""}, {"prefix", root}};
+    if (!key_marker.empty()) r.query["key-marker"] = key_marker;
+    if (!id_marker.empty()) r.query["upload-id-marker"] = id_marker;
+    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r, deadline));
+    if (got.status != 200) return Unexpected(*client_, r, got);
+    // Each <Upload> holds one <Key> and one <UploadId>, in that order.
+    for (const auto& upload : XmlValues(got.body, "Upload")) {
+      auto keys = XmlValues(upload, "Key");
+      auto ids = XmlValues(upload, "UploadId");
+      if (keys.size() != 1 || ids.size() != 1 || keys[0].compare(0, root.size(), root) != 0)
+        continue;
+      Request abort;
+      abort.method = "DELETE";
+      abort.key = keys[0];
+      abort.query = {{"uploadId", ids[0]}};
+      CKPTIO_ASSIGN_OR_RETURN(Response done, client_->Send(abort, deadline));
+      if (done.status != 204 && done.status != 200 && done.status != 404)
+        return Unexpected(*client_, abort, done);
+      ++aborted;
+    }
+    auto truncated = XmlValues(got.body, "IsTruncated");
+    if (truncated.empty() || truncated.front() != "true") break;
+    auto next_key = XmlValues(got.body, "NextKeyMarker");
+    auto next_id = XmlValues(got.body, "NextUploadIdMarker");
+    if (next_key.empty() ||
+        (next_key.front() == key_marker && (next_id.empty() || next_id.front() == id_marker)))
+      return Status(Code::kUnavailable, client_->Where() +
+                                            ": a truncated listing of uploads came without a "
+                                            "new marker");
+    key_marker = next_key.front();
+    id_marker = next_id.empty() ? "" : next_id.front();
+  }
+  return aborted;
+}
+
+}  // namespace ckptio::s3
