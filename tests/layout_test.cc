@@ -66,7 +66,7 @@ TEST(Layout, OnlyTempObjectsWhereTheCoreWritesAreSwept) {
 }
 
 TEST(Layout, StoreKeysTellAStoreFromItsParent) {
-  for (const std::string key :
+  for (const std::string& key :
        {std::string(kLatestKey), std::string(kLockKey), std::string(kWriterKey),
         std::string(kSaveLockKey), std::string(kSaveRecordKey), DecisionKey("x"), ManifestKey(3)})
     EXPECT_TRUE(IsStoreKey(key)) << key;

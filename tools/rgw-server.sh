@@ -208,10 +208,17 @@ osd_crush_chooseleaf_type = 0
 # A memstore OSD writes its data out only on a slow shutdown.
 osd_fast_shutdown = false
 $store_conf
-rgw_frontends = beast endpoint=127.0.0.1:$rgw_port
+rgw_frontends = beast endpoint=127.0.0.1:$rgw_port tcp_nodelay=1
 rgw_thread_pool_size = 64
 rgw_dynamic_resharding = false
 rgw_enable_usage_log = false
+# A deleted object's data stays in RADOS until RGW's garbage collector runs,
+# by default two hours later: the tests and the benchmark write and delete
+# gigabytes, which filled the memstore OSD (then every write waits for
+# space for ever). Collect at once, every few seconds.
+rgw_gc_obj_min_wait = 0
+rgw_gc_processor_period = 5
+rgw_gc_processor_max_time = 5
 EOF
 }
 

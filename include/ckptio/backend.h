@@ -87,6 +87,12 @@ class CKPTIO_EXPORT ObjectReader {
   // Fills buf with exactly `size` bytes starting at `offset`. Reading past
   // the end is DataLoss (a short object is a torn object).
   virtual Status ReadAt(uint64_t offset, void* buf, size_t size) = 0;
+  // How many ReadAt calls (on distinct ranges) may run at once from
+  // different threads, and pay: 1 (the default) where ReadAt is not
+  // thread-safe or gains nothing (a local file, one NFS connection); an
+  // object store's ranged GETs go in parallel. Readers that cannot Map are
+  // read chunk by chunk on this many threads.
+  virtual unsigned ConcurrentReads() const { return 1; }
   // Maps the whole object privately (copy-on-write) with its pages read in,
   // so touching them costs no I/O while they stay cached. The map outlives
   // the reader. Unimplemented where the backend cannot map (callers then

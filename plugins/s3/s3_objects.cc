@@ -283,17 +283,6 @@ class S3Writer : public ObjectWriter {
   bool done_ = false;
 };
 
-class MemoryView : public ObjectView {
- public:
-  explicit MemoryView(uint64_t size) : size_(size), data_(new char[size ? size : 1]) {}
-  char* data() override { return data_.get(); }
-  uint64_t size() const override { return size_; }
-
- private:
-  uint64_t size_;
-  std::unique_ptr<char[]> data_;
-};
-
 class S3Reader : public ObjectReader {
  public:
   S3Reader(std::shared_ptr<Client> client, std::string full_key, uint64_t size)
@@ -319,10 +308,10 @@ class S3Reader : public ObjectReader {
     });
   }
 
-  Result<std::unique_ptr<ObjectView>> Map() override {
-    auto view = std::make_unique<MemoryView>(size_);
-    CKPTIO_RETURN_IF_ERROR(ReadAt(0, view->data(), size_));
-    return std::unique_ptr<ObjectView>(std::move(view));
+  // No Map: readers take the object chunk by chunk on `parallel` threads,
+  // hashing each chunk as it arrives (CheckpointReader::View).
+  unsigned ConcurrentReads() const override {
+    return static_cast<unsigned>(client_->options().parallel);
   }
 
  private:

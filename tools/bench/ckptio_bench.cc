@@ -6,6 +6,7 @@
 //
 //   ckptio-bench [--dir DIR] [--size MiB] [--repeat N] [--json FILE]
 //                [--nfs nfs://server/export?version=3&nfsport=N&mountport=N]
+//                [--s3 s3://bucket/prefix?endpoint=...]  (credentials: AWS_* variables)
 //
 // Shapes: "large" (8 float tensors of size/8 each) and "small" (10,000
 // tensors of 4 KiB). Saves are durable (fsync) for every contender; loads
@@ -14,6 +15,9 @@
 // cold numbers are an upper bound on what a reboot would give).
 #include <fcntl.h>
 #include <nfsc/libnfs.h>
+#if CKPTIO_BENCH_S3
+#include <curl/curl.h>
+#endif
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -36,6 +40,9 @@
 
 #include "ckptio/backends.h"
 #include "ckptio/hash.h"
+#if CKPTIO_BENCH_S3
+#include "ckptio/s3_backend.h"
+#endif
 #include "ckptio/torch.h"
 
 namespace {
@@ -288,6 +295,108 @@ ckptio::State StateOf(std::vector<torch::Tensor>& tensors) {
   return state;
 }
 
+#if CKPTIO_BENCH_S3
+// Raw S3 I/O through libcurl, the client library of the s3:// backend: one
+// PUT of the tensors' bytes back to back and one GET of them, signed the
+// same way (SigV4, unsigned payload), settings from the same URI and AWS_*
+// variables. What a program that PUTs a blob itself would get.
+struct RawS3 {
+  ckptio::S3Options o;
+  CURL* c = nullptr;
+  explicit RawS3(const std::string& uri) {
+    auto parsed = ckptio::Uri::Parse(uri);
+    if (!parsed.ok()) Die(parsed.status().ToString());
+    auto options = ckptio::ParseS3Uri(*parsed);
+    if (!options.ok()) Die(options.status().ToString());
+    o = *options;
+    c = curl_easy_init();
+    if (!c) Die("curl_easy_init");
+  }
+  ~RawS3() { curl_easy_cleanup(c); }
+  std::string Url(const std::string& key) const {
+    return o.endpoint + "/" + o.bucket + "/" + (o.prefix.empty() ? "" : o.prefix + "/") + key;
+  }
+  // Sends one request; body from `tensors` (PUT) or into `sink` (GET).
+  long Send(const std::string& method, const std::string& key,
+            const std::vector<torch::Tensor>* tensors, std::vector<char>* sink) {
+    struct Io {
+      const std::vector<torch::Tensor>* tensors;
+      size_t tensor = 0, offset = 0;
+      std::vector<char>* sink;
+      size_t got = 0;
+    } io{tensors, 0, 0, sink, 0};
+    curl_easy_reset(c);
+    const std::string url = Url(key), sigv4 = "aws:amz:" + o.region + ":s3",
+                      userpwd = o.access_key_id + ":" + o.secret_access_key;
+    struct curl_slist* h = curl_slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4.c_str());
+    curl_easy_setopt(c, CURLOPT_USERPWD, userpwd.c_str());
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    using Cb = size_t (*)(char*, size_t, size_t, void*);
+    Cb write = [](char* d, size_t a, size_t b, void* arg) -> size_t {
+      auto* st = static_cast<Io*>(arg);
+      const size_t n = a * b;
+      if (!st->sink || st->got + n > st->sink->size()) return n;  // an error document
+      std::memcpy(st->sink->data() + st->got, d, n);
+      st->got += n;
+      return n;
+    };
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &io);
+    if (method == "PUT") {
+      uint64_t total = 0;
+      for (const auto& t : *tensors) total += t.nbytes();
+      Cb read = [](char* d, size_t a, size_t b, void* arg) -> size_t {
+        auto* st = static_cast<Io*>(arg);
+        size_t done = 0;
+        while (done < a * b && st->tensor < st->tensors->size()) {
+          const auto& t = (*st->tensors)[st->tensor];
+          const size_t n = std::min(a * b - done, t.nbytes() - st->offset);
+          std::memcpy(d + done, static_cast<const char*>(t.data_ptr()) + st->offset, n);
+          done += n;
+          st->offset += n;
+          if (st->offset == t.nbytes()) st->tensor++, st->offset = 0;
+        }
+        return done;
+      };
+      curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt(c, CURLOPT_READFUNCTION, read);
+      curl_easy_setopt(c, CURLOPT_READDATA, &io);
+      curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(total));
+    } else if (method != "GET") {
+      curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
+    }
+    CURLcode rc = curl_easy_perform(c);
+    curl_slist_free_all(h);
+    if (rc != CURLE_OK) Die("raw s3 " + method + " " + url + ": " + curl_easy_strerror(rc));
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (method == "GET" && io.got != sink->size()) Die("raw s3 GET: short answer");
+    return status;
+  }
+  void Put(const std::string& key, const std::vector<torch::Tensor>& tensors) {
+    if (long s = Send("PUT", key, &tensors, nullptr); s != 200)
+      Die("raw s3 PUT answered " + std::to_string(s));
+  }
+  void Get(const std::string& key, std::vector<char>& buf) {
+    if (long s = Send("GET", key, nullptr, &buf); s != 200)
+      Die("raw s3 GET answered " + std::to_string(s));
+  }
+  void Delete(const std::string& key) { (void)Send("DELETE", key, nullptr, nullptr); }
+};
+
+// Every key under the store (the bench's own prefix), deleted.
+void RemoveS3Store(const std::string& store) {
+  auto s = ckptio::OpenStore(store);
+  if (!s.ok()) Die("s3 cleanup: " + s.status().ToString());
+  auto keys = (*s)->backend().List("");
+  if (!keys.ok()) Die("s3 cleanup: " + keys.status().ToString());
+  for (const auto& key : *keys) (void)(*s)->backend().Delete(key);
+}
+#endif
+
 void CkptioSave(const std::string& store, const ckptio::State& state, std::vector<double>* t) {
   auto ckpt = ckptio::Checkpointer::Open(store, ckptio::RankInfo{});
   if (!ckpt.ok()) Die(ckpt.status().ToString());
@@ -535,7 +644,7 @@ int main(int argc, char** argv) {
   if (argc == 6 && std::string(argv[1]) == "--stripe-child")
     return StripeChild(argv[2], std::stoll(argv[3]), std::stoi(argv[4]), argv[5]);
   CLI::App app{"ckptio-bench: ckptio vs raw I/O, torch::save/load and torch.save/load"};
-  std::string dir = "./bench-data", json_path, nfs_uri;
+  std::string dir = "./bench-data", json_path, nfs_uri, s3_uri;
   int64_t size_mib = 256;
   int repeat = 3;
   bool no_python = false;
@@ -546,6 +655,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   app.add_option("--json", json_path, "write every number here");
   app.add_option("--nfs", nfs_uri, "also measure over this NFSv3 nfs:// URI (an export)");
+#if CKPTIO_BENCH_S3
+  app.add_option("--s3", s3_uri,
+                 "also measure over this s3:// URI (a bucket and prefix; credentials from the "
+                 "AWS_* variables), against raw libcurl PUT/GET of the same bytes");
+#endif
   app.add_flag("--no-python", no_python, "skip Python: torch.save/load and the ckptio package");
   std::string gpu;
   app.add_option("--gpu", gpu,
@@ -772,6 +886,25 @@ int main(int argc, char** argv) {
       if (nfs_unlink(nfs.ctx, ("/" + sub + ".raw").c_str()) != 0)
         Die("nfs cleanup: " + std::string(nfs_get_error(nfs.ctx)));
     }
+#if CKPTIO_BENCH_S3
+    if (!s3_uri.empty() && shape.name == "large") {
+      RawS3 raw_s3(s3_uri);
+      const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
+      std::vector<char> buf(static_cast<size_t>(bytes));
+      for (int r = 0; r < repeat; ++r) {
+        t["s3_raw_put"].push_back(Seconds([&] { raw_s3.Put(sub + ".raw", tensors); }));
+        std::vector<torch::Tensor> mine = tensors;
+        ckptio::State state = StateOf(mine);
+        const std::string store = WithSub(s3_uri, sub + "-" + std::to_string(r));
+        CkptioSave(store, state, &t["s3_ckptio_save"]);
+        t["s3_raw_get"].push_back(Seconds([&] { raw_s3.Get(sub + ".raw", buf); }));
+        t["s3_ckptio_load"].push_back(Seconds([&] { CkptioLoad(store, state); }));
+        if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes (s3)");
+        RemoveS3Store(store);
+      }
+      raw_s3.Delete(sub + ".raw");
+    }
+#endif
     json& js = out["shapes"][shape.name];
     js["tensors"] = shape.count;
     js["gib"] = gib;
@@ -839,6 +972,10 @@ int main(int argc, char** argv) {
         sec("large", "nfs_raw_write") / sec("large", "nfs_ckptio_save");
     ratios["nfs_load_vs_raw_libnfs_read"] =
         sec("large", "nfs_raw_read") / sec("large", "nfs_ckptio_load");
+  }
+  if (!s3_uri.empty()) {
+    ratios["s3_save_vs_raw_put"] = sec("large", "s3_raw_put") / sec("large", "s3_ckptio_save");
+    ratios["s3_load_vs_raw_get"] = sec("large", "s3_raw_get") / sec("large", "s3_ckptio_load");
   }
   {
     // Best of the runs each, the usual estimate of undisturbed time on a

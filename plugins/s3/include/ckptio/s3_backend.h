@@ -30,9 +30,11 @@
 //     CompleteMultipartUpload, so an exclusive object larger than a part is
 //     checked with a HEAD just before completing: that is not atomic, and
 //     the core writes such objects only under names no other writer uses.
-//   * OpenObject: HEAD (its size); ReadAt: GET with a Range; Map: the whole
-//     object by ranged GETs, `parallel` at once, into memory. A short
-//     answer is DataLoss (a torn object), like a short file.
+//   * OpenObject: HEAD (its size); ReadAt: GET with a Range, a large one in
+//     part-sized ranges `parallel` at once. No Map: ConcurrentReads() is
+//     `parallel`, so the core reads an object chunk by chunk on that many
+//     threads, each hashing its chunk as it arrives. A short answer is
+//     DataLoss (a torn object), like a short file.
 //   * List: ListObjectsV2, every page; keys outside "PREFIX/" or not valid
 //     ckptio keys (ValidateKey) are skipped, and a listing over 10 million
 //     keys is refused (ResourceExhausted), so a hostile or foreign bucket
