@@ -40,7 +40,9 @@ def main():
         name = "python." + node.replace(".py::", ".", 1)
         lines.append(f"add_test({bracket(name)} {bracket(python)} -m pytest -q -rs -p "
                      f"no:cacheprovider {bracket(node)})")
-        lines.append(f"set_tests_properties({bracket(name)} PROPERTIES {props} "
+        # The s3:// tests use the S3 server of ctest's fixture "s3".
+        extra = " FIXTURES_REQUIRED s3" if node.startswith("test_s3.py::") else ""
+        lines.append(f"set_tests_properties({bracket(name)} PROPERTIES {props}{extra} "
                      f"WORKING_DIRECTORY {bracket(tests_dir)})")
     with open(out_file + ".tmp", "w") as f:
         f.write("\n".join(lines) + "\n")
