@@ -14,8 +14,10 @@ their SHA-256 so anyone can compare.
 --kill-rank0-during-save=STEP SIGKILLs rank 0 in the middle of writing
 STEP's checkpoint: a thread watches the step's folder, and kills the
 process as soon as the save's first file appears there, before anything is
-committed. The waiting ranks report the dead writer; the relaunch
-resumes from the newest step that verifies.
+committed (on an object store, s3://, as soon as its first object is
+committed: the step's manifest comes after all of them). The waiting ranks
+report the dead writer; the relaunch resumes from the newest step that
+verifies.
 """
 import argparse
 import hashlib
@@ -78,11 +80,20 @@ def rank_ordered_mean(world):
 
 def kill_when_the_step_begins(store, step):
     """SIGKILLs this process as soon as the step's folder holds something
-    (the save is writing it, nothing is committed yet)."""
-    folder = os.path.join(store, f"step-{step:012d}")
+    (the save is writing it, nothing is committed yet). On a store that is
+    not a local folder (s3://, nfs://), as soon as the step's first object
+    is committed: its manifest comes after its other objects."""
+    local = store[len("file://"):] if store.startswith("file://") else store
+    folder = os.path.join(local, f"step-{step:012d}")
+    if "://" in local:
+        from ckptio import _ckptio
+        keys = _ckptio.Store(store).keys
+        begun = lambda: bool(keys(f"step-{step:012d}/"))  # noqa: E731
+    else:
+        begun = lambda: os.path.isdir(folder) and os.listdir(folder)  # noqa: E731
 
     def watch():
-        while not (os.path.isdir(folder) and os.listdir(folder)):
+        while not begun():
             time.sleep(0.0005)
         print(f"rank 0: --kill-rank0-during-save: SIGKILL while writing step {step}",
               file=sys.stderr, flush=True)

@@ -197,6 +197,12 @@ class PyStore {
     auto reader = Value(Released([&] { return store_->OpenStep(step); }));
     return PyStepReader(std::move(reader));
   }
+  // The store's committed keys under `prefix` (tools and tests: what a
+  // save has committed so far, on any backend).
+  std::vector<std::string> Keys(const std::string& prefix) {
+    auto keys = Value(Released([&] { return store_->backend().List(prefix); }));
+    return keys;
+  }
 
  private:
   std::unique_ptr<Store> store_;
@@ -227,7 +233,8 @@ void BindStore(py::module_& m) {
       .def("begin", &PyStore::Begin, py::arg("step"), py::arg("keep_last"), py::arg("lock_wait"),
            py::arg("world_size"))
       .def("begin_stripe", &PyStore::BeginStripe, py::arg("step"), py::arg("rank"))
-      .def("open_step", &PyStore::OpenStep, py::arg("step"));
+      .def("open_step", &PyStore::OpenStep, py::arg("step"))
+      .def("keys", &PyStore::Keys, py::arg("prefix") = "");
 }
 
 }  // namespace ckptio::python
