@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "s3_http.h"
@@ -100,7 +101,7 @@ Result<S3Options> ParseS3Uri(const Uri& uri) {
     return Status(Code::kInvalidArgument,
                   "invalid s3:// URI (s3://BUCKET/PREFIX?endpoint=URL"
                   "&region=R&profile=P&timeout_ms=N&part_mib=N&parallel=N"
-                  "&lease_ms=N): " +
+                  "&lease_ms=N&path_style=0|1): " +
                       why);
   };
   S3Options o;
@@ -122,6 +123,7 @@ Result<S3Options> ParseS3Uri(const Uri& uri) {
   o.prefix = prefix;
 
   std::string profile = Env("AWS_PROFILE");
+  std::optional<bool> path_style;
   bool explicit_profile = false;
   for (const auto& [key, value] : uri.params) {
     if (key == "endpoint") {
@@ -143,6 +145,9 @@ Result<S3Options> ParseS3Uri(const Uri& uri) {
     } else if (key == "lease_ms") {
       CKPTIO_ASSIGN_OR_RETURN(int64_t n, Number(key, value, 1000, 3600000));
       o.lease = std::chrono::milliseconds(n);
+    } else if (key == "path_style") {
+      CKPTIO_ASSIGN_OR_RETURN(int64_t n, Number(key, value, 0, 1));
+      path_style = n == 1;
     } else {
       return bad("unknown parameter \"" + key + "\"");
     }
@@ -154,6 +159,9 @@ Result<S3Options> ParseS3Uri(const Uri& uri) {
   }
   if (o.endpoint.empty()) o.endpoint = Env("AWS_ENDPOINT_URL_S3");
   if (o.endpoint.empty()) o.endpoint = Env("AWS_ENDPOINT_URL");
+  // AWS's own endpoint wants virtual-hosted requests; other servers take
+  // path-style ones, and may not resolve BUCKET.HOST at all.
+  o.path_style = path_style.value_or(!o.endpoint.empty());
   if (o.endpoint.empty()) o.endpoint = "https://s3." + o.region + ".amazonaws.com";
   if (o.endpoint.rfind("http://", 0) != 0 && o.endpoint.rfind("https://", 0) != 0)
     return bad("the endpoint \"" + o.endpoint + "\" must start with https:// or http://");

@@ -218,8 +218,14 @@ void Client::Give(std::unique_ptr<Handle> h) {
 std::string Client::Url(const Request& request) const {
   std::string url = options_.endpoint;
   while (!url.empty() && url.back() == '/') url.pop_back();
-  url += "/" + UriEncode(options_.bucket, false);
-  if (!request.key.empty()) url += "/" + UriEncode(request.key, true);
+  if (options_.path_style) {
+    url += "/" + UriEncode(options_.bucket, false);
+  } else {  // virtual-hosted: https://BUCKET.host/KEY
+    const size_t host = url.find("://") + 3;
+    url.insert(host, options_.bucket + ".");
+  }
+  url += "/";
+  if (!request.key.empty()) url += UriEncode(request.key, true);
   char sep = '?';
   for (const auto& [k, v] : request.query) {  // std::map: sorted, as SigV4 wants
     url += sep + UriEncode(k, false) + "=" + UriEncode(v, false);

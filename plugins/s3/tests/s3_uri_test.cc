@@ -15,11 +15,16 @@
 namespace ckptio {
 namespace {
 
-const char* const kAwsVars[] = {"AWS_ENDPOINT_URL",   "AWS_ENDPOINT_URL_S3",
-                                "AWS_REGION",         "AWS_DEFAULT_REGION",
-                                "AWS_ACCESS_KEY_ID",  "AWS_SECRET_ACCESS_KEY",
-                                "AWS_SESSION_TOKEN",  "AWS_PROFILE",
-                                "AWS_SHARED_CREDENTIALS_FILE", "HOME"};
+const char* const kAwsVars[] = {"AWS_ENDPOINT_URL",
+                                "AWS_ENDPOINT_URL_S3",
+                                "AWS_REGION",
+                                "AWS_DEFAULT_REGION",
+                                "AWS_ACCESS_KEY_ID",
+                                "AWS_SECRET_ACCESS_KEY",
+                                "AWS_SESSION_TOKEN",
+                                "AWS_PROFILE",
+                                "AWS_SHARED_CREDENTIALS_FILE",
+                                "HOME"};
 
 // Each test starts from an environment without AWS settings (and a HOME
 // without ~/.aws), and gets the caller's back afterwards.
@@ -74,12 +79,14 @@ TEST_F(S3UriTest, TheEnvironmentFillsWhatTheUriLeavesOut) {
   EXPECT_EQ(o->timeout.count(), 30000);
   EXPECT_EQ(o->part_bytes, uint64_t{16} << 20);
   EXPECT_EQ(o->parallel, 4);
+  EXPECT_FALSE(o->path_style) << "AWS's own endpoint takes virtual-hosted requests";
 
   ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000", 1);
   o = Parse("s3://my-bucket");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->endpoint, "http://127.0.0.1:9000");
   EXPECT_EQ(o->prefix, "");
+  EXPECT_TRUE(o->path_style) << "another server gets path-style requests";
   ::setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9001", 1);  // the S3-specific one wins
   o = Parse("s3://my-bucket");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -92,7 +99,7 @@ TEST_F(S3UriTest, TheUriWinsOverTheEnvironment) {
   ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000", 1);
   auto o = Parse(
       "s3://b12/p?endpoint=http://rgw.local:7480&region=us-west-2&timeout_ms=2500&part_mib=8"
-      "&parallel=16&lease_ms=4000");
+      "&parallel=16&lease_ms=4000&path_style=0");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->endpoint, "http://rgw.local:7480");
   EXPECT_EQ(o->region, "us-west-2");
@@ -100,6 +107,10 @@ TEST_F(S3UriTest, TheUriWinsOverTheEnvironment) {
   EXPECT_EQ(o->part_bytes, uint64_t{8} << 20);
   EXPECT_EQ(o->parallel, 16);
   EXPECT_EQ(o->lease.count(), 4000);
+  EXPECT_FALSE(o->path_style);
+  o = Parse("s3://b12/p?path_style=1");  // AWS's endpoint, path-style asked for
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->path_style);
 }
 
 TEST_F(S3UriTest, CredentialsComeFromTheProfileWhenTheEnvironmentHasNone) {
@@ -159,6 +170,7 @@ TEST_F(S3UriTest, MalformedPartsAreRefusedByName) {
            Case{"s3://bucket/x?lease_ms=10", "lease_ms"},
            Case{"s3://bucket/x?endpoint=ftp://host", "endpoint"},
            Case{"s3://bucket/x?region=us%20east", "region"},
+           Case{"s3://bucket/x?path_style=yes", "path_style"},
        }) {
     auto o = Parse(c.uri);
     EXPECT_EQ(o.status().code(), Code::kInvalidArgument) << c.uri << ": " << o.status();
@@ -176,6 +188,22 @@ TEST_F(S3UriTest, TheBuiltInRegistryOpensS3Stores) {
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->uri(), "s3://bucket/run");  // no credentials in messages
   EXPECT_EQ((*store)->ListSteps().status().code(), Code::kUnavailable);
+}
+
+// Where each addressing style sends a request (the URL of a failed one).
+TEST_F(S3UriTest, PathStyleAndVirtualHostedRequestsGoWhereS3ExpectsThem) {
+  Keys();
+  for (const auto& [style, url] :
+       {std::pair<std::string, std::string>{"1", "http://127.0.0.1:1/bucket/run/LATEST"},
+        {"0", "http://bucket.127.0.0.1:1/run/LATEST"}}) {
+    auto store =
+        OpenStore("s3://bucket/run?endpoint=http://127.0.0.1:1&timeout_ms=300&path_style=" + style);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto latest = (*store)->ReadLatest();
+    EXPECT_EQ(latest.status().code(), Code::kUnavailable) << latest.status();
+    EXPECT_NE(latest.status().message().find(url), std::string::npos)
+        << "path_style=" << style << ": " << latest.status();
+  }
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // with AWS Signature Version 4 itself (CURLOPT_AWS_SIGV4).
 //
 //   s3://BUCKET/PREFIX?endpoint=URL&region=R&profile=P&timeout_ms=N
-//                     &part_mib=N&parallel=N&lease_ms=N
+//                     &part_mib=N&parallel=N&lease_ms=N&path_style=0|1
 //
 // The store is the bucket's keys under "PREFIX/" (the whole bucket when
 // PREFIX is empty). Settings come from the URI first, then the environment
@@ -13,7 +13,10 @@
 // AWS_SESSION_TOKEN, else the profile (URI `profile`, AWS_PROFILE, or
 // "default") of AWS_SHARED_CREDENTIALS_FILE (default ~/.aws/credentials).
 // Requests are path-style (URL/BUCKET/KEY), which every S3-compatible
-// server accepts; http:// endpoints are allowed (a test server on loopback).
+// server accepts, except to AWS's own endpoint (the default, when no
+// endpoint is given), which gets virtual-hosted ones (BUCKET.HOST/KEY) as
+// AWS asks; path_style=0|1 chooses. http:// endpoints are allowed (a test
+// server on loopback).
 //
 // What each call does (every key is "PREFIX/" + the core's key):
 //   * ObjectWriter: bytes are buffered up to one part (part_mib, default
@@ -87,6 +90,8 @@ struct CKPTIO_EXPORT S3Options {
   uint64_t part_bytes = uint64_t{16} << 20;  // 5 MiB .. 1 GiB
   int parallel = 4;                          // 1 .. 64 requests per object at once
   std::chrono::milliseconds lease = std::chrono::seconds(15);
+  // ENDPOINT/BUCKET/KEY (true), or BUCKET.ENDPOINT-HOST/KEY (false).
+  bool path_style = true;
 };
 
 // Parses an s3:// URI (see above) into options, filling what the URI leaves
