@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
-#include <new>
 #include <thread>
 
 #include "ckptio/safetensors.h"
@@ -141,18 +141,24 @@ namespace {
 // took 28 ms on 2 MiB pages against 80 ms on 4 KiB pages on this VM.
 class BufferView : public ObjectView {
  public:
-  explicit BufferView(uint64_t size) : size_(size), len_(std::max<uint64_t>(size, 1)) {
-    void* p = ::mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    (void)::madvise(p, len_, MADV_HUGEPAGE);
-    data_ = static_cast<char*>(p);
+  static Result<std::shared_ptr<BufferView>> Make(uint64_t size) {
+    const size_t len = static_cast<size_t>(std::max<uint64_t>(size, 1));
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return Status(Code::kResourceExhausted, "no memory for an object of " + std::to_string(size) +
+                                                  " bytes: " + std::strerror(errno));
+    (void)::madvise(p, len, MADV_HUGEPAGE);
+    return std::shared_ptr<BufferView>(new BufferView(static_cast<char*>(p), size, len));
   }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
   ~BufferView() override { ::munmap(data_, len_); }
   char* data() override { return data_; }
   uint64_t size() const override { return size_; }
 
  private:
-  char* data_ = nullptr;
+  BufferView(char* data, uint64_t size, size_t len) : data_(data), size_(size), len_(len) {}
+  char* data_;
   uint64_t size_;
   size_t len_;
 };
@@ -208,14 +214,15 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
   // reader takes at once (an object store's ranged GETs).
   const bool read = !mapped.ok();
   if (read) {
-    view = std::make_shared<BufferView>(e->size);
+    CKPTIO_ASSIGN_OR_RETURN(view, BufferView::Make(e->size));
     if (e->size >= (16u << 20)) {
       try {
         populate.emplace(view->data(), e->size);
       } catch (const std::exception&) {  // no thread to be had: the read faults its pages
       }
     }
-    threads = std::max(1u, reader->ConcurrentReads());
+    const unsigned concurrent = std::max(1u, reader->ConcurrentReads());
+    threads = threads == 0 ? concurrent : std::min(threads, concurrent);
   } else {
     view = std::move(*mapped);
     if (view->size() != e->size)

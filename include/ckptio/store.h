@@ -85,8 +85,11 @@ class CKPTIO_EXPORT CheckpointReader {
   // The whole object in memory with every chunk verified (on up to
   // `threads` threads; 0: one per core, at most 4): a private copy-on-write
   // memory map where the backend can make one, else a buffer read through
-  // ReadAt. The view is the caller's and outlives the reader. Errors as
-  // Read (nothing is returned on a mismatch).
+  // ReadAt, chunk by chunk, each chunk hashed by the thread that read it
+  // (on as many threads as the reader takes reads at once,
+  // ObjectReader::ConcurrentReads, at most `threads` unless 0). The view is
+  // the caller's and outlives the reader. Errors as Read (nothing is
+  // returned on a mismatch).
   Result<std::shared_ptr<ObjectView>> View(std::string_view name, unsigned threads = 0);
 
   // Reads and checks every chunk and the whole-object hash of `name`.

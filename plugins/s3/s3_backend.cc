@@ -161,7 +161,10 @@ Result<S3Options> ParseS3Uri(const Uri& uri) {
   if (o.endpoint.empty()) o.endpoint = Env("AWS_ENDPOINT_URL");
   // AWS's own endpoint wants virtual-hosted requests; other servers take
   // path-style ones, and may not resolve BUCKET.HOST at all.
-  o.path_style = path_style.value_or(!o.endpoint.empty());
+  // (A bucket name with '.', '_' or capitals cannot be a host name under
+  // AWS's certificate: path-style for those.)
+  const bool dns_safe = o.bucket.find_first_of("._ABCDEFGHIJKLMNOPQRSTUVWXYZ") == std::string::npos;
+  o.path_style = path_style.value_or(!o.endpoint.empty() || !dns_safe);
   if (o.endpoint.empty()) o.endpoint = "https://s3." + o.region + ".amazonaws.com";
   if (o.endpoint.rfind("http://", 0) != 0 && o.endpoint.rfind("https://", 0) != 0)
     return bad("the endpoint \"" + o.endpoint + "\" must start with https:// or http://");

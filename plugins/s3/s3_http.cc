@@ -76,6 +76,16 @@ size_t OnBody(char* data, size_t size, size_t n, void* arg) {
   return len;
 }
 
+// A body is sent again from `offset` (0) when curl retries a request on a
+// fresh connection after a reused one turned out dead.
+int OnSeek(void* arg, curl_off_t offset, int origin) {
+  auto* t = static_cast<Transfer*>(arg);
+  if (origin != SEEK_SET || offset < 0 || static_cast<size_t>(offset) > t->request->body.size())
+    return CURL_SEEKFUNC_FAIL;
+  t->sent = static_cast<size_t>(offset);
+  return CURL_SEEKFUNC_OK;
+}
+
 size_t OnRead(char* buf, size_t size, size_t n, void* arg) {
   auto* t = static_cast<Transfer*>(arg);
   const std::string_view body = t->request->body;
@@ -92,6 +102,7 @@ bool Transient(CURLcode c) {
     case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
+    case CURLE_SEND_FAIL_REWIND:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
       return true;
@@ -246,7 +257,10 @@ Result<Response> Client::Send(const Request& request, Clock::time_point deadline
     r = SendOnce(*h, request, deadline, &transient);
     if (r.ok()) {
       r->attempts = attempt;
-      transient = TransientStatus(r->status);
+      // AWS answers two conditional writes of one key at once with 409
+      // ConditionalRequestConflict: sent again, ours gets its 200 or 412.
+      transient = TransientStatus(r->status) ||
+                  (r->status == 409 && r->ErrorCode() == "ConditionalRequestConflict");
     }
     if (!request.idempotent || !transient || attempt == kTries) break;
     auto pause = milliseconds(50 << (2 * (attempt - 1)));  // 50 ms, 200 ms
@@ -305,6 +319,8 @@ Result<Response> Client::SendOnce(Handle& h, const Request& request, Clock::time
     curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
     curl_easy_setopt(c, CURLOPT_READFUNCTION, OnRead);
     curl_easy_setopt(c, CURLOPT_READDATA, &t);
+    curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, OnSeek);
+    curl_easy_setopt(c, CURLOPT_SEEKDATA, &t);
     curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
   } else if (request.method == "POST") {
     curl_easy_setopt(c, CURLOPT_POST, 1L);

@@ -4,9 +4,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "ckptio/layout.h"
+#include "ckptio/log.h"
 #include "s3_objects.h"
 
 namespace ckptio::s3 {
@@ -15,12 +19,33 @@ namespace {
 // HTTP dates have whole seconds: a lease is stale only when older than
 // lease_ms by more than that.
 constexpr int64_t kClockResolutionMs = 1000;
+// How long a writer that broke a stale lease waits before checking that the
+// new lease is still its own.
+constexpr std::chrono::milliseconds kTakeoverSettle{500};
 
-// Seconds since the epoch of an RFC 7231 date ("Sat, 05 Dec 2026 16:45:26 GMT"); -1 if not one.
+// Seconds since the epoch of an RFC 7231 date ("Sat, 05 Dec 2026 16:45:26
+// GMT"); -1 if not one. Parsed by hand: strptime's month names follow the
+// locale, and under another LC_TIME no lease would ever look stale.
 int64_t HttpDate(const std::string& text) {
+  static const char* const kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                        "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  char month[4] = {};
+  int day = 0, year = 0, hour = 0, minute = 0, second = 0, used = 0;
+  if (std::sscanf(text.c_str(), "%*3s, %2d %3s %4d %2d:%2d:%2d GMT%n", &day, month, &year, &hour,
+                  &minute, &second, &used) != 6 ||
+      static_cast<size_t>(used) != text.size())
+    return -1;
+  int mon = -1;
+  for (int i = 0; i < 12; ++i)
+    if (std::strcmp(month, kMonths[i]) == 0) mon = i;
+  if (mon < 0 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 60) return -1;
   std::tm tm{};
-  const char* end = ::strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-  if (end == nullptr || *end != '\0') return -1;
+  tm.tm_year = year - 1900;
+  tm.tm_mon = mon;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = minute;
+  tm.tm_sec = second;
   return static_cast<int64_t>(::timegm(&tm));
 }
 
@@ -57,9 +82,9 @@ Status LeaseTable::Supported(std::string_view key, LockMode mode) const {
   return OkStatus();
 }
 
-Result<LeaseTable::Seen> LeaseTable::Look(const std::string& full_key) {
+Result<LeaseTable::Seen> LeaseTable::Look(const std::string& full_key, Deadline deadline) {
   Response response;
-  auto body = GetSmall(*client_, full_key, &response);
+  auto body = GetSmall(*client_, full_key, &response, deadline);
   Seen seen;
   if (!body.ok()) {
     if (body.status().code() == Code::kNotFound) return seen;
@@ -90,12 +115,18 @@ Result<std::unique_ptr<BackendLock>> LeaseTable::TryLock(std::string_view key, L
   const std::string record = "ckptio-lease owner=" + KeySafeHostName() + "." +
                              std::to_string(::getpid()) + "." + RandomHex() +
                              " lease_ms=" + std::to_string(client_->options().lease.count()) + "\n";
+  const Deadline deadline = client_->Deadline();
+  auto taken = [&] {
+    return Status(Code::kFailedPrecondition,
+                  client_->Where() + "/" + std::string(key) + " was taken by another writer");
+  };
   // Two tries: the second after a stale lease was removed (or vanished).
   Status created = OkStatus();
+  bool broke_stale = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    created = PutExclusive(*client_, full, record);
+    created = PutExclusive(*client_, full, record, deadline);
     if (created.ok() || created.code() != Code::kAlreadyExists) break;
-    CKPTIO_ASSIGN_OR_RETURN(Seen seen, Look(full));
+    CKPTIO_ASSIGN_OR_RETURN(Seen seen, Look(full, deadline));
     if (seen.exists && !seen.stale)
       return Status(Code::kFailedPrecondition,
                     client_->Where() + "/" + std::string(key) + " is held (" +
@@ -105,19 +136,26 @@ Result<std::unique_ptr<BackendLock>> LeaseTable::TryLock(std::string_view key, L
       Request r;
       r.method = "DELETE";
       r.key = full;
-      CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
+      CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r, deadline));
       if (got.status != 204 && got.status != 200 && got.status != 404)
         return client_->Failure(r, got);
+      broke_stale = true;
     }
   }
-  if (!created.ok()) {
-    if (created.code() == Code::kAlreadyExists)
-      return Status(Code::kFailedPrecondition,
-                    client_->Where() + "/" + std::string(key) + " was taken by another writer");
-    return created;
+  if (!created.ok()) return created.code() == Code::kAlreadyExists ? taken() : created;
+  if (broke_stale) {
+    // Another writer that found the same stale lease may have deleted ours
+    // right after we made it, and made its own: S3 has no conditional
+    // DELETE to prevent that (and RGW 16 refuses If-Match on PUT). Look
+    // again a moment later and back off unless the lease is still ours.
+    // (Correctness does not rest on this: the fence in .writer stops all
+    // but the last writer to claim the store.)
+    std::this_thread::sleep_for(kTakeoverSettle);
+    CKPTIO_ASSIGN_OR_RETURN(Seen seen, Look(full, client_->Deadline()));
+    if (!seen.exists || seen.record != record) return taken();
   }
   std::lock_guard<std::mutex> g(mu_);
-  held_[full] = record;
+  held_[full] = Held{record, std::chrono::steady_clock::now()};
   if (!renewer_.joinable()) {
     try {
       renewer_ = std::thread([this] { Renew(); });
@@ -141,57 +179,88 @@ Result<bool> LeaseTable::IsLocked(std::string_view key) {
     std::lock_guard<std::mutex> g(mu_);
     if (held_.count(full)) return true;
   }
-  CKPTIO_ASSIGN_OR_RETURN(Seen seen, Look(full));
+  CKPTIO_ASSIGN_OR_RETURN(Seen seen, Look(full, client_->Deadline()));
   return seen.exists && !seen.stale;
 }
 
 void LeaseTable::Release(const std::string& full_key) {
+  // After any renewal of this key under way, and before the next: a
+  // renewal that raced the release could put the lease back.
+  std::lock_guard<std::mutex> io(io_mu_);
   std::string record;
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = held_.find(full_key);
     if (it == held_.end()) return;  // lost to another writer: theirs now
-    record = std::move(it->second);
+    record = std::move(it->second.record);
     held_.erase(it);
   }
-  auto seen = Look(full_key);
+  const Deadline deadline = client_->Deadline();
+  auto seen = Look(full_key, deadline);
   if (!seen.ok() || !seen->exists || seen->record != record) return;
   Request r;
   r.method = "DELETE";
   r.key = full_key;
-  (void)client_->Send(r);  // failing that, the lease goes stale by itself
+  (void)client_->Send(r, deadline);  // failing that, the lease goes stale by itself
 }
 
 void LeaseTable::Renew() {
+  const auto every = client_->options().lease / 3;
   std::unique_lock<std::mutex> g(mu_);
   while (!stop_) {
-    wake_.wait_for(g, client_->options().lease / 3);
+    wake_.wait_for(g, every);
     if (stop_) break;
-    auto held = held_;
+    std::vector<std::string> keys;
+    for (const auto& [key, held] : held_) keys.push_back(key);
     g.unlock();
-    for (const auto& [key, record] : held) {
-      // Renew only what still holds our record: a lease broken while we
-      // could not renew it belongs to its new holder (our writer is then
-      // fenced by the core).
-      auto seen = Look(key);
-      bool lost = seen.ok() && seen->exists && seen->record != record;
-      if (seen.ok() && !seen->exists) {
-        // Gone (deleted by hand?): ours again only if nobody took it meanwhile.
-        lost = PutExclusive(*client_, key, record).code() == Code::kAlreadyExists;
-      } else if (!lost && seen.ok()) {
-        Request r;
-        r.method = "PUT";
-        r.key = key;
-        r.body = record;
-        (void)client_->Send(r);  // a failure is retried at the next turn
-      }
-      if (lost) {
-        std::lock_guard<std::mutex> l(mu_);
-        auto it = held_.find(key);
-        if (it != held_.end() && it->second == record) held_.erase(it);
-      }
-    }
+    for (const auto& key : keys) RenewOne(key, every);
     g.lock();
+  }
+}
+
+void LeaseTable::RenewOne(const std::string& key, std::chrono::milliseconds within) {
+  std::lock_guard<std::mutex> io(io_mu_);
+  std::string record;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = held_.find(key);
+    if (it == held_.end()) return;  // released meanwhile
+    record = it->second.record;
+  }
+  // Each renewal ends by the next one is due: a server slower than that
+  // must not keep the lease from being renewed for longer than it lasts.
+  const Deadline deadline = std::chrono::steady_clock::now() + within;
+  // Renew only what still holds our record: a lease broken while we could
+  // not renew it belongs to its new holder (our writer is then fenced by
+  // the core).
+  auto seen = Look(key, deadline);
+  bool lost = seen.ok() && seen->exists && seen->record != record;
+  bool renewed = false;
+  if (seen.ok() && !seen->exists) {
+    // Gone (deleted by hand?): ours again only if nobody took it meanwhile.
+    Status s = PutExclusive(*client_, key, record, deadline);
+    lost = s.code() == Code::kAlreadyExists;
+    renewed = s.ok();
+  } else if (!lost && seen.ok()) {
+    Request r;
+    r.method = "PUT";
+    r.key = key;
+    r.body = record;
+    auto put = client_->Send(r, deadline);
+    renewed = put.ok() && put->status == 200;  // else tried again at the next turn
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = held_.find(key);
+  if (it == held_.end() || it->second.record != record) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (renewed) it->second.renewed = now;
+  // Not renewed for a whole lease: another writer may hold it by now.
+  if (!lost && now - it->second.renewed > client_->options().lease) lost = true;
+  if (lost) {
+    held_.erase(it);
+    Log(LogLevel::kWarning, client_->Where() + ": the writer's lease " + key +
+                                " was lost (taken over, or not renewed for a whole lease); this "
+                                "writer's next commit will be refused by the fence");
   }
 }
 

@@ -9,6 +9,9 @@
 #include <mutex>
 #include <thread>
 
+#include "ckptio/layout.h"
+#include "ckptio/log.h"
+
 namespace ckptio::s3 {
 namespace {
 
@@ -54,31 +57,46 @@ Status ForEachParallel(size_t n, int parallel, const std::function<Status(size_t
 }
 
 // Fills buf with [offset, offset + size) of `full_key` by one ranged GET.
+// An answer for other bytes than asked (a server or proxy that ignores
+// Range) is Unavailable, never DataLoss: the object may be fine, and
+// `fsck --repair` deletes what is damaged.
 Status GetRange(Client& client, const std::string& full_key, uint64_t offset, char* buf,
-                size_t size) {
+                size_t size, Deadline deadline) {
   Request r;
   r.method = "GET";
   r.key = full_key;
-  r.headers.push_back("Range: bytes=" + std::to_string(offset) + "-" +
-                      std::to_string(offset + size - 1));
+  const std::string range = std::to_string(offset) + "-" + std::to_string(offset + size - 1);
+  r.headers.push_back("Range: bytes=" + range);
   r.sink = buf;
   r.sink_size = size;
-  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
-  if (got.status != 206 && !(got.status == 200 && offset == 0)) return Unexpected(client, r, got);
+  auto sent = client.Send(r, deadline);
+  const std::string what = "s3://" + client.options().bucket + "/" + full_key + ": bytes [" +
+                           std::to_string(offset) + ", " + std::to_string(offset + size) + ")";
+  if (!sent.ok() && sent.status().code() == Code::kDataLoss)  // more bytes than asked for
+    return Status(Code::kUnavailable, what +
+                                          ": the server sent more bytes than asked for (does "
+                                          "it, or a proxy, ignore Range?)");
+  CKPTIO_ASSIGN_OR_RETURN(Response got, std::move(sent));
+  if (got.status != 206 && got.status != 200) return Unexpected(client, r, got);
+  const std::string content_range = got.Header("content-range");
+  if (got.status == 206 ? content_range.rfind("bytes " + range + "/", 0) != 0 &&
+                              content_range.rfind("bytes " + std::to_string(offset) + "-", 0) != 0
+                        : offset != 0)
+    return Status(Code::kUnavailable,
+                  what + ": the server answered for other bytes (" +
+                      (content_range.empty() ? "the whole object" : content_range) +
+                      "): does it, or a proxy, ignore Range?");
   if (got.received != size)
-    return Status(Code::kDataLoss, "s3://" + client.options().bucket + "/" + full_key +
-                                       ": bytes [" + std::to_string(offset) + ", " +
-                                       std::to_string(offset + size) + ") came back " +
-                                       std::to_string(got.received) +
+    return Status(Code::kDataLoss, what + " came back " + std::to_string(got.received) +
                                        " bytes long: the object is shorter than when opened");
   return OkStatus();
 }
 
-Result<uint64_t> Head(Client& client, const std::string& full_key) {
+Result<uint64_t> Head(Client& client, const std::string& full_key, Deadline deadline) {
   Request r;
   r.method = "HEAD";
   r.key = full_key;
-  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r, deadline));
   if (got.status != 200) return Unexpected(client, r, got);
   const std::string length = got.Header("content-length");
   char* end = nullptr;
@@ -87,6 +105,23 @@ Result<uint64_t> Head(Client& client, const std::string& full_key) {
     return Status(Code::kUnavailable, "s3://" + client.options().bucket + "/" + full_key +
                                           ": HEAD answered without a Content-Length");
   return static_cast<uint64_t>(n);
+}
+
+// Sends part `number` of upload `id`; its ETag goes to *etag.
+Status UploadPart(Client& client, const std::string& key, const std::string& id,
+                  std::string_view body, size_t number, std::string* etag) {
+  Request r;
+  r.method = "PUT";
+  r.key = key;
+  r.query = {{"partNumber", std::to_string(number)}, {"uploadId", id}};
+  r.body = body;
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  if (got.status != 200) return client.Failure(r, got);
+  *etag = got.Header("etag");
+  if (etag->empty())
+    return Status(Code::kUnavailable, "s3://" + client.options().bucket + "/" + key + ": part " +
+                                          std::to_string(number) + " was stored without an ETag");
+  return OkStatus();
 }
 
 // Writes an object: buffered to one part, then one PUT or a multipart upload.
@@ -105,6 +140,7 @@ class S3Writer : public ObjectWriter {
     if (!error_.ok()) return error_;
     if (done_) return Status(Code::kFailedPrecondition, Where() + ": writer already committed");
     const char* p = static_cast<const char*>(data);
+    bytes_ += size;
     const size_t part = client_->options().part_bytes;
     while (size > 0) {
       size_t take = std::min(size, part - buffer_.size());
@@ -120,8 +156,9 @@ class S3Writer : public ObjectWriter {
     if (!error_.ok()) return error_;
     if (done_) return Status(Code::kFailedPrecondition, Where() + ": writer already committed");
     if (upload_id_.empty()) {
-      Status s =
-          mode_ == WriteMode::kCreateExclusive ? PutExclusive(*client_, key_, buffer_) : Put();
+      Status s = mode_ == WriteMode::kCreateExclusive
+                     ? PutExclusive(*client_, key_, buffer_, client_->Deadline())
+                     : Put();
       done_ = true;
       buffer_ = std::string();
       return s;
@@ -133,7 +170,7 @@ class S3Writer : public ObjectWriter {
     // creator can still beat (the core writes such objects only under
     // names no other writer uses).
     if (s.ok() && mode_ == WriteMode::kCreateExclusive) {
-      auto there = Head(*client_, key_);
+      auto there = Head(*client_, key_, client_->Deadline());
       if (there.ok())
         s = Status(Code::kAlreadyExists, Where() + " already exists (created by another writer)");
       else if (there.status().code() != Code::kNotFound)
@@ -170,7 +207,10 @@ class S3Writer : public ObjectWriter {
   // Starts the upload if needed, then sends the buffer as the next part in
   // the background, waiting first for the oldest when `parallel` are out.
   Status SendPart() {
-    if (upload_id_.empty()) CKPTIO_RETURN_IF_ERROR(Initiate());
+    if (upload_id_.empty()) {
+      Status s = Initiate();
+      if (!s.ok()) return Fail(s);
+    }
     if (etags_.size() == kMaxParts)
       return Fail(Status(Code::kResourceExhausted,
                          Where() + ": more than 10000 parts: raise part_mib in the URI"));
@@ -188,22 +228,14 @@ class S3Writer : public ObjectWriter {
     auto id = upload_id_;
     std::string* etag = &etags_[number - 1];
     try {
-      in_flight_.push_back(std::async(std::launch::async, [client, key, id, body, number, etag] {
-        Request r;
-        r.method = "PUT";
-        r.key = key;
-        r.query = {{"partNumber", std::to_string(number)}, {"uploadId", id}};
-        r.body = *body;
-        auto got = client->Send(r);
-        if (!got.ok()) return got.status();
-        if (got->status != 200) return client->Failure(r, *got);
-        *etag = got->Header("etag");
-        if (etag->empty())
-          return Status(Code::kUnavailable, "s3://" + client->options().bucket + "/" + key +
-                                                ": part " + std::to_string(number) +
-                                                " was stored without an ETag");
-        return OkStatus();
-      }));
+      in_flight_.push_back(
+          std::async(std::launch::async, [client, key, id, body, number, etag]() -> Status {
+            try {
+              return UploadPart(*client, key, id, *body, number, etag);
+            } catch (const std::exception& e) {  // bad_alloc: nothing may escape to get()
+              return Status(Code::kResourceExhausted, std::string("uploading a part: ") + e.what());
+            }
+          }));
     } catch (const std::system_error& e) {
       return Fail(
           Status(Code::kResourceExhausted, Where() + ": no thread for a part: " + e.what()));
@@ -240,8 +272,10 @@ class S3Writer : public ObjectWriter {
     return OkStatus();
   }
 
-  // Not retried: a completed upload answers a second Complete with
-  // NoSuchUpload, which would fail a save that succeeded.
+  // Not sent twice: a completed upload answers a second Complete with
+  // NoSuchUpload. When no answer came, the object is looked at instead: it
+  // was completed if it is there as an upload of as many parts, of our size
+  // (ETag "<md5>-<parts>"); a wrong guess is caught by the checksums.
   Status Complete() {
     std::string xml = "<CompleteMultipartUpload>";
     for (size_t i = 0; i < etags_.size(); ++i)
@@ -254,12 +288,32 @@ class S3Writer : public ObjectWriter {
     r.query = {{"uploadId", upload_id_}};
     r.body = xml;
     r.idempotent = false;
-    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
+    auto sent = client_->Send(r);
+    if (!sent.ok()) {
+      if (sent.status().code() == Code::kUnavailable && CompletedAnyway()) {
+        upload_id_.clear();
+        return OkStatus();
+      }
+      return sent.status();
+    }
+    Response& got = *sent;
     // S3 may answer 200 and report the failure in the body.
     if (got.status == 200 && got.body.find("<Error>") != std::string::npos) got.status = 500;
     if (got.status != 200) return Unexpected(*client_, r, got);
     upload_id_.clear();
     return OkStatus();
+  }
+
+  bool CompletedAnyway() {
+    Request r;
+    r.method = "HEAD";
+    r.key = key_;
+    auto got = client_->Send(r);
+    if (!got.ok() || got->status != 200) return false;
+    const std::string etag = got->Header("etag");
+    const std::string parts = "-" + std::to_string(etags_.size()) + "\"";
+    return got->Header("content-length") == std::to_string(bytes_) && etag.size() > parts.size() &&
+           etag.compare(etag.size() - parts.size(), parts.size(), parts) == 0;
   }
 
   // Best effort: an upload left behind is invisible, and `ckptio gc` aborts it.
@@ -276,6 +330,7 @@ class S3Writer : public ObjectWriter {
   const std::string key_;
   const WriteMode mode_;
   std::string buffer_;
+  uint64_t bytes_ = 0;  // appended in all
   std::string upload_id_;
   std::deque<std::string> etags_;  // a deque: parts write through stable pointers
   std::deque<std::future<Status>> in_flight_;
@@ -304,7 +359,7 @@ class S3Reader : public ObjectReader {
     return ForEachParallel(pieces, client_->options().parallel, [&](size_t i) {
       const uint64_t begin = i * piece;
       const size_t len = static_cast<size_t>(std::min<uint64_t>(piece, size - begin));
-      return GetRange(*client_, key_, offset + begin, out + begin, len);
+      return GetRange(*client_, key_, offset + begin, out + begin, len, client_->Deadline());
     });
   }
 
@@ -337,29 +392,37 @@ Result<std::string> BucketKey(const S3Options& options, std::string_view key) {
   return full;
 }
 
-Result<std::string> GetSmall(Client& client, const std::string& full_key, Response* response) {
+Result<std::string> GetSmall(Client& client, const std::string& full_key, Response* response,
+                             Deadline deadline) {
   Request r;
   r.method = "GET";
   r.key = full_key;
-  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r, deadline));
   if (got.status != 200) return Unexpected(client, r, got);
   std::string body = std::move(got.body);
   if (response) *response = std::move(got);
   return body;
 }
 
-Status PutExclusive(Client& client, const std::string& full_key, std::string_view bytes) {
+Status PutExclusive(Client& client, const std::string& full_key, std::string_view bytes,
+                    Deadline deadline) {
   Request r;
   r.method = "PUT";
   r.key = full_key;
   r.body = bytes;
   r.headers.push_back("If-None-Match: *");
-  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r));
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r, deadline));
   if (got.status == 200) return OkStatus();
   if (got.status != 412) return Unexpected(client, r, got);
   if (got.attempts > 1) {  // perhaps our own earlier try, whose answer was lost
-    auto stored = GetSmall(client, full_key);
-    if (stored.ok() && *stored == bytes) return OkStatus();
+    auto size = Head(client, full_key, deadline);
+    if (size.ok() && *size == bytes.size()) {
+      std::string stored(bytes.size(), '\0');
+      if (bytes.empty() ||
+          (GetRange(client, full_key, 0, stored.data(), stored.size(), deadline).ok() &&
+           stored == bytes))
+        return OkStatus();
+    }
   }
   return Status(Code::kAlreadyExists, "s3://" + client.options().bucket + "/" + full_key +
                                           " already exists (created by another writer)");
@@ -372,13 +435,13 @@ Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, W
 
 Result<std::unique_ptr<ObjectReader>> Objects::OpenObject(std::string_view key) {
   CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
-  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, Head(*client_, full));
+  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, Head(*client_, full, client_->Deadline()));
   return std::unique_ptr<ObjectReader>(new S3Reader(client_, std::move(full), size));
 }
 
 Result<ObjectInfo> Objects::Stat(std::string_view key) {
   CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
-  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, Head(*client_, full));
+  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, Head(*client_, full, client_->Deadline()));
   ObjectInfo info;
   info.size = size;
   return info;
@@ -430,11 +493,12 @@ Result<std::vector<std::string>> Objects::List(std::string_view prefix) {
 
 Status Objects::Delete(std::string_view key) {
   CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
-  CKPTIO_RETURN_IF_ERROR(Head(*client_, full).status());  // NotFound when absent
+  const Deadline deadline = client_->Deadline();  // both requests within timeout_ms
+  CKPTIO_RETURN_IF_ERROR(Head(*client_, full, deadline).status());  // NotFound when absent
   Request r;
   r.method = "DELETE";
   r.key = full;
-  CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
+  CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r, deadline));
   if (got.status != 204 && got.status != 200) return Unexpected(*client_, r, got);
   return OkStatus();
 }
@@ -457,13 +521,24 @@ Result<size_t> Objects::AbortUploads() {
     if (!key_marker.empty()) r.query["key-marker"] = key_marker;
     if (!id_marker.empty()) r.query["upload-id-marker"] = id_marker;
     CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r, deadline));
+    if (got.status == 403) {
+      // Credentials that may write but not list uploads: nothing to abort
+      // that we can see; an upload left behind costs space, not safety.
+      Log(LogLevel::kWarning, client_->Failure(r, got).message() +
+                                  " (listing unfinished uploads to abort them; skipped)");
+      return aborted;
+    }
     if (got.status != 200) return Unexpected(*client_, r, got);
     // Each <Upload> holds one <Key> and one <UploadId>, in that order.
     for (const auto& upload : XmlValues(got.body, "Upload")) {
       auto keys = XmlValues(upload, "Key");
       auto ids = XmlValues(upload, "UploadId");
+      // Only what this store writes: a store nested below the prefix
+      // (PREFIX/exp1/...) or another program's uploads are not ours.
       if (keys.size() != 1 || ids.size() != 1 || keys[0].compare(0, root.size(), root) != 0)
         continue;
+      const std::string rel = keys[0].substr(root.size());
+      if (!ValidateKey(rel).ok() || !IsStoreKey(rel)) continue;
       Request abort;
       abort.method = "DELETE";
       abort.key = keys[0];

@@ -20,15 +20,18 @@ std::string FullKey(const S3Options& options, std::string_view key);
 // InvalidArgument when the prefix makes it longer than S3 takes (1024 bytes).
 Result<std::string> BucketKey(const S3Options& options, std::string_view key);
 
+using Deadline = std::chrono::steady_clock::time_point;
+
 // kCreateExclusive as one PUT with If-None-Match: * (AlreadyExists when the
 // key exists). A 412 that a retry of ours may have caused is resolved by
 // reading the object back: it is ours if it holds exactly `bytes`.
-Status PutExclusive(Client& client, const std::string& full_key, std::string_view bytes);
+Status PutExclusive(Client& client, const std::string& full_key, std::string_view bytes,
+                    Deadline deadline);
 
 // GET of a whole small object (NotFound when absent); `response` gets the
 // answer's headers (Date, Last-Modified) when not null.
-Result<std::string> GetSmall(Client& client, const std::string& full_key,
-                             Response* response = nullptr);
+Result<std::string> GetSmall(Client& client, const std::string& full_key, Response* response,
+                             Deadline deadline);
 
 class Objects {
  public:

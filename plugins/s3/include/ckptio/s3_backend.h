@@ -48,19 +48,32 @@
 // with If-None-Match and replaced every lease_ms/3 (default 15000) while
 // held; a lease whose last renewal is older than lease_ms by the server's
 // own clock (its Date against the lease's Last-Modified, so hosts' clocks do
-// not matter) is stale and may be broken by another writer. A lease is not
-// mutual exclusion under every failure (a writer paused past its lease keeps
-// writing): the core's fence (.writer, checked before every manifest and
-// LATEST) is what keeps a stale writer from committing. Other locks (the
+// not matter) is stale and may be broken by another writer, which then
+// checks 0.5 s later that the new lease is still its own (S3 has no
+// conditional DELETE, so two writers breaking one stale lease could each
+// delete the other's). Each renewal must end before the next is due; a
+// lease not renewed for lease_ms, or found holding another's record, is
+// lost (logged). A lease is not mutual exclusion under every failure (a
+// writer paused past its lease keeps writing): LocksAreLeases() is true, so
+// the core gives each writer its own objects folder, and its fence
+// (.writer, checked before every manifest and LATEST) keeps a stale writer
+// from committing. Other locks (the
 // file-lock wait mode's .save-lock) are Unimplemented, with a message
 // naming the wait modes that work over S3 (manifest, store).
 //
 // Errors: HTTP 404 is NotFound (a missing bucket says so and how to make
 // it); 403 PermissionDenied naming the S3 error code (wrong keys, a clock
 // too far off, a policy) and the settings to check; 5xx, 429, refused or
-// broken connections Unavailable after up to three tries with backoff; every
-// call ends within timeout_ms (default 30000) whatever the server does
-// (Unavailable: "did not answer within ..."), retries included.
+// broken connections (and AWS's 409 ConditionalRequestConflict)
+// Unavailable after up to three tries with backoff. Every request ends
+// within timeout_ms (default 30000) whatever the server does (Unavailable:
+// "did not answer within ..."), retries included, and so does every call
+// of a few requests (a listing of any number of pages, a delete, an
+// exclusive create with its read-back); an object's parts and large reads
+// get timeout_ms each. A server that answers for other bytes than a Range
+// asked for is Unavailable, not DataLoss. A CompleteMultipartUpload whose
+// answer was lost is not sent again: the object counts as completed if it
+// is there with our size as an upload of as many parts.
 //
 // Thread safety: calls from several threads share a pool of keep-alive
 // connections (one libcurl handle each); one ObjectWriter or ObjectReader
