@@ -894,6 +894,47 @@ TEST(S3AgainstAScriptedServer, ARetriedCreateIsOursOnlyIfTheObjectHoldsOurBytes)
   }
 }
 
+// A multipart upload whose CompleteMultipartUpload gets no answer (the
+// server may have completed it): Complete is not sent twice; the object
+// counts as written only if it is there as an upload of as many parts, of
+// our size.
+TEST(S3AgainstAScriptedServer, ACompleteWithoutAnAnswerCountsOnlyIfTheObjectIsThere) {
+  const std::string data(size_t{11} << 20, 'd');  // 3 parts of 5 MiB
+  for (bool there : {true, false}) {
+    std::atomic<int> completes{0};
+    LocalServer server([&](const std::string& head) -> std::optional<std::string> {
+      if (head.rfind("POST ", 0) == 0 && head.find("uploads=") != std::string::npos) {
+        const std::string xml =
+            "<InitiateMultipartUploadResult><UploadId>u1</UploadId></"
+            "InitiateMultipartUploadResult>";
+        return HttpOk(xml);
+      }
+      if (head.rfind("PUT ", 0) == 0 && head.find("partNumber=") != std::string::npos)
+        return Answer("200 OK", "ETag: \"p\"\r\n");
+      if (head.rfind("POST ", 0) == 0) {
+        ++completes;
+        return std::nullopt;  // no answer: the call waits out its timeout
+      }
+      if (head.rfind("HEAD ", 0) == 0) {
+        if (!there) return Answer("404 Not Found");
+        return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(data.size()) +
+               "\r\nETag: \"0123456789abcdef-3\"\r\nConnection: close\r\n\r\n";
+      }
+      return Answer("204 No Content");  // the abort of an upload
+    });
+    S3Options o = LocalOptions(server);
+    o.part_bytes = uint64_t{5} << 20;
+    auto b = NewBackend(o);
+    ASSERT_TRUE(b);
+    Status s = Put(*b, "step-000000000001/big.bin", data);
+    EXPECT_EQ(completes.load(), 1) << "CompleteMultipartUpload was sent more than once";
+    if (there)
+      EXPECT_TRUE(IsOk(s)) << "a completed upload whose answer was lost failed the write";
+    else
+      EXPECT_TRUE(StatusIs(s, Code::kUnavailable)) << "an upload not completed counted as written";
+  }
+}
+
 // A server (or proxy) that ignores Range and sends the whole object: the
 // read fails as Unavailable, never as DataLoss (fsck --repair deletes what
 // is damaged; this object may be fine).
