@@ -935,6 +935,39 @@ TEST(S3AgainstAScriptedServer, ACompleteWithoutAnAnswerCountsOnlyIfTheObjectIsTh
   }
 }
 
+// A part answered 503 is sent again, and the upload completes.
+TEST(S3AgainstAScriptedServer, APartAnswered503IsSentAgainAndTheUploadCompletes) {
+  const std::string data(size_t{11} << 20, 'd');  // 3 parts of 5 MiB
+  std::atomic<int> part_puts{0};
+  std::mutex mu;
+  std::string complete;  // the request line of CompleteMultipartUpload
+  LocalServer server([&](const std::string& head) -> std::optional<std::string> {
+    if (head.rfind("POST ", 0) == 0 && head.find("uploads=") != std::string::npos)
+      return HttpOk(
+          "<InitiateMultipartUploadResult><UploadId>u1</UploadId></InitiateMultipartUploadResult>");
+    if (head.rfind("PUT ", 0) == 0 && head.find("partNumber=") != std::string::npos) {
+      if (++part_puts == 1) return Answer("503 Service Unavailable");
+      return Answer("200 OK", "ETag: \"p\"\r\n");
+    }
+    if (head.rfind("POST ", 0) == 0) {
+      std::lock_guard<std::mutex> g(mu);
+      complete = head.substr(0, head.find("\r\n"));
+      return HttpOk(
+          "<CompleteMultipartUploadResult><ETag>\"e-3\"</ETag>"
+          "</CompleteMultipartUploadResult>");
+    }
+    return Answer("204 No Content");
+  });
+  S3Options o = LocalOptions(server);
+  o.part_bytes = uint64_t{5} << 20;
+  auto b = NewBackend(o);
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(IsOk(Put(*b, "step-000000000001/big.bin", data)));
+  EXPECT_EQ(part_puts.load(), 4) << "3 parts and one retry";
+  std::lock_guard<std::mutex> g(mu);
+  EXPECT_NE(complete.find("uploadId=u1"), std::string::npos) << complete;
+}
+
 // A server (or proxy) that ignores Range and sends the whole object: the
 // read fails as Unavailable, never as DataLoss (fsck --repair deletes what
 // is damaged; this object may be fine).
