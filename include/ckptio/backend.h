@@ -171,7 +171,7 @@ class CKPTIO_EXPORT StorageBackend {
   // lock without knowing it: TryLock's locks are leases that the storage
   // does not enforce on writes (an object store). The core then writes the
   // objects of each writer in a folder of its own inside the step, named by
-  // the manifest (ObjectsFolder, manifest.h), so a stale writer's late
+  // the manifest (kObjectsFolderKey, manifest.h), so a stale writer's late
   // writes never land on a step that another writer committed.
   virtual bool LocksAreLeases() const { return false; }
 
