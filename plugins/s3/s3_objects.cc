@@ -1,8 +1,12 @@
 // The s3:// backend's objects (see s3_objects.h and ckptio/s3_backend.h).
 #include "s3_objects.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -15,6 +19,10 @@
 namespace ckptio::s3 {
 namespace {
 
+// An object is opened by a GET of its first kHeadBytes, which also tells
+// its size: small records (LATEST, a manifest, .writer, a safetensors
+// header) cost one round trip instead of a HEAD and a GET.
+constexpr size_t kHeadBytes = 4096;
 // S3's limit: an upload has at most 10,000 parts.
 constexpr size_t kMaxParts = 10000;
 // A listing longer than this is refused rather than held in memory.
@@ -107,6 +115,57 @@ Result<uint64_t> Head(Client& client, const std::string& full_key, Deadline dead
   return static_cast<uint64_t>(n);
 }
 
+// The first bytes of an object (up to kHeadBytes) and its size, from one
+// ranged GET. Both come from one version of the key, where a HEAD and a
+// later GET could see two (a LATEST replaced in between).
+struct Opened {
+  uint64_t size = 0;
+  std::string head;
+};
+
+Result<Opened> GetHead(Client& client, const std::string& full_key, Deadline deadline) {
+  Opened o;
+  o.head.resize(kHeadBytes);
+  Request r;
+  r.method = "GET";
+  r.key = full_key;
+  r.headers.push_back("Range: bytes=0-" + std::to_string(kHeadBytes - 1));
+  r.sink = o.head.data();
+  r.sink_size = o.head.size();
+  auto sent = client.Send(r, deadline);
+  const std::string what = "s3://" + client.options().bucket + "/" + full_key;
+  if (!sent.ok() && sent.status().code() == Code::kDataLoss)  // more bytes than asked for
+    return Status(Code::kUnavailable, what +
+                                          ": the server sent the whole object for a range of "
+                                          "it (does it, or a proxy, ignore Range?)");
+  CKPTIO_ASSIGN_OR_RETURN(Response got, std::move(sent));
+  if (got.status == 416) {  // an empty object has no byte 0 to send
+    CKPTIO_ASSIGN_OR_RETURN(o.size, Head(client, full_key, deadline));
+    o.head.clear();
+    return o;
+  }
+  if (got.status == 200) {  // the whole object: it is no longer than the range
+    o.size = got.received;
+  } else if (got.status == 206) {  // "bytes 0-LAST/SIZE"
+    const std::string range = got.Header("content-range");
+    const std::string want = "bytes 0-" + std::to_string(got.received - 1) + "/";
+    char* end = nullptr;
+    const unsigned long long size =
+        range.rfind(want, 0) == 0 ? std::strtoull(range.c_str() + want.size(), &end, 10) : 0;
+    if (got.received == 0 || end == nullptr || end == range.c_str() + want.size() || *end != '\0' ||
+        size < got.received)
+      return Status(Code::kUnavailable, what + ": the server answered " +
+                                            std::to_string(got.received) +
+                                            " bytes with Content-Range \"" + range +
+                                            "\" for the first " + std::to_string(kHeadBytes));
+    o.size = size;
+  } else {
+    return Unexpected(client, r, got);
+  }
+  o.head.resize(static_cast<size_t>(got.received));
+  return o;
+}
+
 // Sends part `number` of upload `id`; its ETag goes to *etag.
 Status UploadPart(Client& client, const std::string& key, const std::string& id,
                   std::string_view body, size_t number, std::string* etag) {
@@ -123,6 +182,47 @@ Status UploadPart(Client& client, const std::string& key, const std::string& id,
                                           std::to_string(number) + " was stored without an ETag");
   return OkStatus();
 }
+
+// A part's bytes, in anonymous memory reused for the next part once sent:
+// fresh memory costs a page fault per 4 KiB the first time it fills, which
+// for every part of a large object is CPU taken from hashing and sending.
+// Past its first 2 MiB (where a small object ends) it is on transparent
+// huge pages, a fault per 2 MiB.
+class PartBuffer {
+ public:
+  static Result<std::unique_ptr<PartBuffer>> Make(size_t capacity) {
+    void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return Status(Code::kResourceExhausted,
+                    "no memory for a part of " + std::to_string(capacity) + " bytes: " +
+                        std::strerror(errno) + " (lower part_mib or parallel in the URI)");
+    constexpr size_t kSmall = 2u << 20;
+    if (capacity > kSmall)
+      (void)::madvise(static_cast<char*>(p) + kSmall, capacity - kSmall, MADV_HUGEPAGE);
+    return std::unique_ptr<PartBuffer>(new PartBuffer(static_cast<char*>(p), capacity));
+  }
+  PartBuffer(const PartBuffer&) = delete;
+  PartBuffer& operator=(const PartBuffer&) = delete;
+  ~PartBuffer() { ::munmap(data_, capacity_); }
+
+  // Copies up to `size` bytes in; returns how many fitted.
+  size_t Append(const char* p, size_t size) {
+    const size_t take = std::min(size, capacity_ - size_);
+    std::memcpy(data_ + size_, p, take);
+    size_ += take;
+    return take;
+  }
+  bool full() const { return size_ == capacity_; }
+  bool empty() const { return size_ == 0; }
+  std::string_view bytes() const { return {data_, size_}; }
+  void clear() { size_ = 0; }
+
+ private:
+  PartBuffer(char* data, size_t capacity) : data_(data), capacity_(capacity) {}
+  char* const data_;
+  const size_t capacity_;
+  size_t size_ = 0;
+};
 
 // Writes an object: buffered to one part, then one PUT or a multipart upload.
 class S3Writer : public ObjectWriter {
@@ -141,13 +241,16 @@ class S3Writer : public ObjectWriter {
     if (done_) return Status(Code::kFailedPrecondition, Where() + ": writer already committed");
     const char* p = static_cast<const char*>(data);
     bytes_ += size;
-    const size_t part = client_->options().part_bytes;
     while (size > 0) {
-      size_t take = std::min(size, part - buffer_.size());
-      buffer_.append(p, take);
-      p += take;
-      size -= take;
-      if (buffer_.size() == part) CKPTIO_RETURN_IF_ERROR(SendPart());
+      if (!buffer_) {
+        auto fresh = TakeBuffer();
+        if (!fresh.ok()) return Fail(fresh.status());
+        buffer_ = std::move(*fresh);
+      }
+      const size_t took = buffer_->Append(p, size);
+      p += took;
+      size -= took;
+      if (buffer_->full()) CKPTIO_RETURN_IF_ERROR(SendPart());
     }
     return OkStatus();
   }
@@ -156,14 +259,15 @@ class S3Writer : public ObjectWriter {
     if (!error_.ok()) return error_;
     if (done_) return Status(Code::kFailedPrecondition, Where() + ": writer already committed");
     if (upload_id_.empty()) {
+      const std::string_view body = buffer_ ? buffer_->bytes() : std::string_view();
       Status s = mode_ == WriteMode::kCreateExclusive
-                     ? PutExclusive(*client_, key_, buffer_, client_->Deadline())
-                     : Put();
+                     ? PutExclusive(*client_, key_, body, client_->Deadline())
+                     : Put(body);
       done_ = true;
-      buffer_ = std::string();
+      buffer_.reset();
       return s;
     }
-    if (!buffer_.empty()) CKPTIO_RETURN_IF_ERROR(SendPart());
+    if (buffer_ && !buffer_->empty()) CKPTIO_RETURN_IF_ERROR(SendPart());
     Status s = WaitParts();
     // Servers ignore If-None-Match on CompleteMultipartUpload: an exclusive
     // object larger than a part is checked just before, which a racing
@@ -194,11 +298,11 @@ class S3Writer : public ObjectWriter {
     return s;
   }
 
-  Status Put() {
+  Status Put(std::string_view body) {
     Request r;
     r.method = "PUT";
     r.key = key_;
-    r.body = buffer_;
+    r.body = body;
     CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r));
     if (got.status != 200) return Unexpected(*client_, r, got);
     return OkStatus();
@@ -220,22 +324,25 @@ class S3Writer : public ObjectWriter {
     }
     const size_t number = etags_.size() + 1;
     etags_.emplace_back();
-    auto body = std::make_shared<std::string>(std::move(buffer_));
-    buffer_ = std::string();
-    buffer_.reserve(client_->options().part_bytes);
+    // The buffer stays with its part until WaitOldest takes it back.
+    const std::string_view body = buffer_->bytes();
     auto client = client_;
     auto key = key_;
     auto id = upload_id_;
     std::string* etag = &etags_[number - 1];
     try {
       in_flight_.push_back(
-          std::async(std::launch::async, [client, key, id, body, number, etag]() -> Status {
-            try {
-              return UploadPart(*client, key, id, *body, number, etag);
-            } catch (const std::exception& e) {  // bad_alloc: nothing may escape to get()
-              return Status(Code::kResourceExhausted, std::string("uploading a part: ") + e.what());
-            }
-          }));
+          {std::async(std::launch::async,
+                      [client, key, id, body, number, etag]() -> Status {
+                        try {
+                          return UploadPart(*client, key, id, body, number, etag);
+                        } catch (
+                            const std::exception& e) {  // bad_alloc: nothing may escape to get()
+                          return Status(Code::kResourceExhausted,
+                                        std::string("uploading a part: ") + e.what());
+                        }
+                      }),
+           std::move(buffer_)});
     } catch (const std::system_error& e) {
       return Fail(
           Status(Code::kResourceExhausted, Where() + ": no thread for a part: " + e.what()));
@@ -243,8 +350,18 @@ class S3Writer : public ObjectWriter {
     return OkStatus();
   }
 
+  // A buffer sent before, else a new one.
+  Result<std::unique_ptr<PartBuffer>> TakeBuffer() {
+    if (spare_.empty()) return PartBuffer::Make(client_->options().part_bytes);
+    auto b = std::move(spare_.back());
+    spare_.pop_back();
+    b->clear();
+    return b;
+  }
+
   Status WaitOldest() {
-    Status s = in_flight_.front().get();
+    Status s = in_flight_.front().sent.get();
+    spare_.push_back(std::move(in_flight_.front().buffer));
     in_flight_.pop_front();
     return s;
   }
@@ -329,19 +446,27 @@ class S3Writer : public ObjectWriter {
   std::shared_ptr<Client> client_;
   const std::string key_;
   const WriteMode mode_;
-  std::string buffer_;
+  std::unique_ptr<PartBuffer> buffer_;  // the part being filled
+  std::vector<std::unique_ptr<PartBuffer>> spare_;
   uint64_t bytes_ = 0;  // appended in all
   std::string upload_id_;
   std::deque<std::string> etags_;  // a deque: parts write through stable pointers
-  std::deque<std::future<Status>> in_flight_;
+  struct InFlight {
+    std::future<Status> sent;
+    std::unique_ptr<PartBuffer> buffer;  // its bytes, until sent
+  };
+  std::deque<InFlight> in_flight_;
   Status error_ = OkStatus();
   bool done_ = false;
 };
 
 class S3Reader : public ObjectReader {
  public:
-  S3Reader(std::shared_ptr<Client> client, std::string full_key, uint64_t size)
-      : client_(std::move(client)), key_(std::move(full_key)), size_(size) {}
+  S3Reader(std::shared_ptr<Client> client, std::string full_key, Opened opened)
+      : client_(std::move(client)),
+        key_(std::move(full_key)),
+        size_(opened.size),
+        head_(std::move(opened.head)) {}
 
   uint64_t Size() const override { return size_; }
 
@@ -352,6 +477,10 @@ class S3Reader : public ObjectReader {
                                          std::to_string(offset + size) + ") are past its end (" +
                                          std::to_string(size_) + " bytes)");
     if (size == 0) return OkStatus();
+    if (offset + size <= head_.size()) {  // fetched when opened
+      std::memcpy(buf, head_.data() + offset, size);
+      return OkStatus();
+    }
     // Large reads in part-sized ranges, `parallel` at once.
     const uint64_t piece = client_->options().part_bytes;
     const size_t pieces = static_cast<size_t>((size + piece - 1) / piece);
@@ -373,6 +502,7 @@ class S3Reader : public ObjectReader {
   std::shared_ptr<Client> client_;
   const std::string key_;
   const uint64_t size_;
+  const std::string head_;  // its first bytes
 };
 
 }  // namespace
@@ -435,8 +565,8 @@ Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, W
 
 Result<std::unique_ptr<ObjectReader>> Objects::OpenObject(std::string_view key) {
   CKPTIO_ASSIGN_OR_RETURN(std::string full, BucketKey(client_->options(), key));
-  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, Head(*client_, full, client_->Deadline()));
-  return std::unique_ptr<ObjectReader>(new S3Reader(client_, std::move(full), size));
+  CKPTIO_ASSIGN_OR_RETURN(Opened opened, GetHead(*client_, full, client_->Deadline()));
+  return std::unique_ptr<ObjectReader>(new S3Reader(client_, std::move(full), std::move(opened)));
 }
 
 Result<ObjectInfo> Objects::Stat(std::string_view key) {
