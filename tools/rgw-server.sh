@@ -136,6 +136,10 @@ failed() {  # failed WHAT: log tails, stop what we started, exit 1
     [ ! -s "$dir/log/$f" ] || logs+=("$dir/log/$f")
   done
   [ ${#logs[@]} -eq 0 ] || tail -n 15 "${logs[@]}" >&2
+  if tail -n 200 "$dir/log/osd.0.log" 2>/dev/null | grep -q 'full status failsafe engaged'; then
+    say "the OSD's store is full (memstore_device_bytes, or the disk under $dir):" \
+      "remove $dir to start an empty cluster"
+  fi
   stop_all 2>/dev/null
   exit 1
 }
