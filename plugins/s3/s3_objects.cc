@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -577,24 +578,42 @@ Result<ObjectInfo> Objects::Stat(std::string_view key) {
   return info;
 }
 
+namespace {
+// Sends `request`, then the request for each next page while the answer
+// says IsTruncated, all by `deadline` and at most kMaxListPages of them.
+// `page` handles each answer (false: stop there); `advance` sets the next
+// page's markers from an answer, false when it names none new (a server
+// that would page in a circle).
+Status ForEachPage(Client& client, Request request, Deadline deadline, const std::string& what,
+                   const std::function<Result<bool>(const Response&)>& page,
+                   const std::function<bool(const std::string& body, Request& next)>& advance) {
+  for (size_t n = 0;; ++n) {
+    if (n == kMaxListPages)
+      return Status(Code::kResourceExhausted, client.Where() + ": the server's " + what +
+                                                  " went on for more than " +
+                                                  std::to_string(kMaxListPages) + " pages");
+    CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(request, deadline));
+    CKPTIO_ASSIGN_OR_RETURN(bool more, page(got));
+    if (!more) return OkStatus();
+    auto truncated = XmlValues(got.body, "IsTruncated");
+    if (truncated.empty() || truncated.front() != "true") return OkStatus();
+    if (!advance(got.body, request))
+      return Status(Code::kUnavailable, client.Where() + ": a truncated " + what +
+                                            " came without a new continuation marker");
+  }
+}
+}  // namespace
+
 Result<std::vector<std::string>> Objects::List(std::string_view prefix) {
   CKPTIO_RETURN_IF_ERROR(ValidatePrefix(prefix));
   const S3Options& o = client_->options();
   const std::string root = o.prefix.empty() ? "" : o.prefix + "/";
   const std::string wanted = root + std::string(prefix);
   std::vector<std::string> out;
-  std::string token;
-  const auto deadline = client_->Deadline();
-  for (size_t page = 0;; ++page) {
-    if (page == kMaxListPages)
-      return Status(Code::kResourceExhausted, client_->Where() + ": the server's listing of \"" +
-                                                  wanted + "\" went on for more than " +
-                                                  std::to_string(kMaxListPages) + " pages");
-    Request r;
-    r.method = "GET";
-    r.query = {{"list-type", "2"}, {"prefix", wanted}};
-    if (!token.empty()) r.query["continuation-token"] = token;
-    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r, deadline));
+  Request r;
+  r.method = "GET";
+  r.query = {{"list-type", "2"}, {"prefix", wanted}};
+  auto page = [&](const Response& got) -> Result<bool> {
     if (got.status != 200) return Unexpected(*client_, r, got);
     for (auto& key : XmlValues(got.body, "Key")) {
       // Only keys of this store that ckptio could have written.
@@ -607,15 +626,17 @@ Result<std::vector<std::string>> Objects::List(std::string_view prefix) {
                                                     wanted + "\": is this prefix a ckptio store?");
       out.push_back(std::move(rel));
     }
-    auto truncated = XmlValues(got.body, "IsTruncated");
-    if (truncated.empty() || truncated.front() != "true") break;
-    auto next = XmlValues(got.body, "NextContinuationToken");
-    if (next.empty() || next.front().empty() || next.front() == token)
-      return Status(Code::kUnavailable, client_->Where() +
-                                            ": a truncated listing came without a new "
-                                            "continuation token");
-    token = next.front();
-  }
+    return true;
+  };
+  auto advance = [](const std::string& body, Request& next) {
+    auto token = XmlValues(body, "NextContinuationToken");
+    if (token.empty() || token.front().empty() || token.front() == next.query["continuation-token"])
+      return false;
+    next.query["continuation-token"] = token.front();
+    return true;
+  };
+  CKPTIO_RETURN_IF_ERROR(ForEachPage(*client_, r, client_->Deadline(),
+                                     "listing of \"" + wanted + "\"", page, advance));
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
@@ -636,27 +657,18 @@ Status Objects::Delete(std::string_view key) {
 Result<size_t> Objects::AbortUploads() {
   const S3Options& o = client_->options();
   const std::string root = o.prefix.empty() ? "" : o.prefix + "/";
-  size_t aborted = 0;
-  std::string key_marker, id_marker;
   const auto deadline = client_->Deadline();
-  for (size_t page = 0;; ++page) {
-    if (page == kMaxListPages)
-      return Status(Code::kResourceExhausted,
-                    client_->Where() +
-                        ": the listing of unfinished uploads went on for more than " +
-                        std::to_string(kMaxListPages) + " pages");
-    Request r;
-    r.method = "GET";
-    r.query = {{"uploads", ""}, {"prefix", root}};
-    if (!key_marker.empty()) r.query["key-marker"] = key_marker;
-    if (!id_marker.empty()) r.query["upload-id-marker"] = id_marker;
-    CKPTIO_ASSIGN_OR_RETURN(Response got, client_->Send(r, deadline));
+  size_t aborted = 0;
+  Request r;
+  r.method = "GET";
+  r.query = {{"uploads", ""}, {"prefix", root}};
+  auto page = [&](const Response& got) -> Result<bool> {
     if (got.status == 403) {
       // Credentials that may write but not list uploads: nothing to abort
       // that we can see; an upload left behind costs space, not safety.
       Log(LogLevel::kWarning, client_->Failure(r, got).message() +
                                   " (listing unfinished uploads to abort them; skipped)");
-      return aborted;
+      return false;
     }
     if (got.status != 200) return Unexpected(*client_, r, got);
     // Each <Upload> holds one <Key> and one <UploadId>, in that order.
@@ -678,18 +690,24 @@ Result<size_t> Objects::AbortUploads() {
         return Unexpected(*client_, abort, done);
       ++aborted;
     }
-    auto truncated = XmlValues(got.body, "IsTruncated");
-    if (truncated.empty() || truncated.front() != "true") break;
-    auto next_key = XmlValues(got.body, "NextKeyMarker");
-    auto next_id = XmlValues(got.body, "NextUploadIdMarker");
-    if (next_key.empty() ||
-        (next_key.front() == key_marker && (next_id.empty() || next_id.front() == id_marker)))
-      return Status(Code::kUnavailable, client_->Where() +
-                                            ": a truncated listing of uploads came without a "
-                                            "new marker");
-    key_marker = next_key.front();
-    id_marker = next_id.empty() ? "" : next_id.front();
-  }
+    return true;
+  };
+  auto advance = [](const std::string& body, Request& next) {
+    auto key = XmlValues(body, "NextKeyMarker");
+    auto id = XmlValues(body, "NextUploadIdMarker");
+    const std::string next_id = id.empty() ? "" : id.front();
+    if (key.empty() ||
+        (key.front() == next.query["key-marker"] && next_id == next.query["upload-id-marker"]))
+      return false;
+    next.query["key-marker"] = key.front();
+    if (next_id.empty())
+      next.query.erase("upload-id-marker");
+    else
+      next.query["upload-id-marker"] = next_id;
+    return true;
+  };
+  CKPTIO_RETURN_IF_ERROR(
+      ForEachPage(*client_, r, deadline, "listing of unfinished uploads", page, advance));
   return aborted;
 }
 

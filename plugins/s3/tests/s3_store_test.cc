@@ -33,6 +33,7 @@
 
 #include "ckptio/backends.h"
 #include "ckptio/ckptio.h"
+#include "ckptio/log.h"
 #include "ckptio/s3_backend.h"
 #include "conformance.h"
 #include "process.h"
@@ -1120,6 +1121,102 @@ TEST(S3AgainstAHostileServer, AListingThatNeverEndsEndsWithinTheTimeout) {
             << " ms: " << t.status << "\n";
   EXPECT_FALSE(t.status.ok()) << "an endless listing cannot be complete";
   EXPECT_LT(t.took.count(), 4000) << "timeout_ms 2000";
+}
+
+// A page of ListMultipartUploads: (key, upload id) pairs, and the markers
+// of the next page when there is one.
+std::string UploadsPage(const std::vector<std::pair<std::string, std::string>>& uploads,
+                        const std::string& next_key = "", const std::string& next_id = "") {
+  std::string xml =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListMultipartUploadsResult><Bucket>hostile"
+      "</Bucket><IsTruncated>" +
+      std::string(next_key.empty() ? "false" : "true") + "</IsTruncated>";
+  if (!next_key.empty())
+    xml += "<NextKeyMarker>" + next_key + "</NextKeyMarker><NextUploadIdMarker>" + next_id +
+           "</NextUploadIdMarker>";
+  for (const auto& [key, id] : uploads)
+    xml += "<Upload><Key>" + key + "</Key><UploadId>" + id + "</UploadId></Upload>";
+  return xml + "</ListMultipartUploadsResult>";
+}
+
+// Unfinished uploads are listed page by page (key and upload-id markers),
+// and only the store's own are aborted: not another program's under the
+// prefix, nor keys outside it.
+TEST(S3AgainstAScriptedServer, UnfinishedUploadsArePagedAndOnlyTheStoresOwnAborted) {
+  std::mutex mu;
+  std::vector<std::string> aborted;
+  LocalServer server([&](const std::string& request) -> std::optional<std::string> {
+    const std::string line = request.substr(0, request.find('\r'));
+    if (line.rfind("DELETE ", 0) == 0) {
+      std::lock_guard<std::mutex> g(mu);
+      aborted.push_back(line.substr(0, line.find(" HTTP/")));
+      return "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    }
+    if (line.rfind("GET ", 0) != 0 || !Contains(line, "uploads=")) return std::nullopt;
+    if (!Contains(line, "key-marker="))
+      return HttpOk(UploadsPage({{"run/step-000000000001/w1-aa/model.safetensors", "u1"},
+                                 {"run/notes/draft.txt", "u2"},
+                                 {"elsewhere/step-000000000001/x", "u3"}},
+                                "run/step-000000000001/w1-aa/model.safetensors", "u1"));
+    if (Contains(line, "key-marker=run%2Fstep-000000000001%2Fw1-aa%2Fmodel.safetensors") &&
+        Contains(line, "upload-id-marker=u1"))
+      return HttpOk(UploadsPage({{"run/step-000000000002/model.safetensors", "u4"}}));
+    return std::nullopt;
+  });
+  auto b = NewBackend(LocalOptions(server));
+  ASSERT_TRUE(b);
+  auto n = b->AbortUnfinishedWrites();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 2u);
+  std::lock_guard<std::mutex> g(mu);
+  ASSERT_EQ(aborted.size(), 2u);
+  EXPECT_TRUE(Contains(aborted[0], "/run/step-000000000001/w1-aa/model.safetensors?uploadId=u1"))
+      << aborted[0];
+  EXPECT_TRUE(Contains(aborted[1], "/run/step-000000000002/model.safetensors?uploadId=u4"))
+      << aborted[1];
+}
+
+// A listing of uploads that says "truncated" and names the markers it was
+// asked for would page in a circle: Unavailable, not a loop.
+TEST(S3AgainstAHostileServer, AnUploadsListingThatRepeatsItsMarkersIsUnavailable) {
+  std::atomic<int> pages{0};
+  LocalServer circle([&](const std::string& request) -> std::optional<std::string> {
+    if (request.rfind("GET ", 0) != 0) return std::nullopt;
+    ++pages;
+    return HttpOk(UploadsPage({}, "run/step-000000000001/a", "u1"));
+  });
+  auto b = NewBackend(LocalOptions(circle));
+  ASSERT_TRUE(b);
+  auto n = b->AbortUnfinishedWrites();
+  EXPECT_TRUE(StatusIs(n.status(), Code::kUnavailable)) << n.status();
+  EXPECT_TRUE(Contains(n.status().message(), "without a new continuation marker")) << n.status();
+  EXPECT_EQ(pages.load(), 2) << "the first page, then the second naming the same markers";
+}
+
+// Credentials that may write but not list multipart uploads (403 on the
+// listing): nothing is aborted, with a warning naming the refusal, and the
+// call succeeds (an upload left behind costs space, not safety).
+TEST(S3AgainstAScriptedServer, UploadsThatMayNotBeListedAreSkippedWithAWarning) {
+  LocalServer refusing([&](const std::string& request) -> std::optional<std::string> {
+    if (request.rfind("GET ", 0) != 0 || !Contains(request, "uploads=")) return std::nullopt;
+    const std::string body =
+        "<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>";
+    return "HTTP/1.1 403 Forbidden\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\nConnection: close\r\n\r\n" + body;
+  });
+  std::vector<std::string> warnings;
+  LogSink previous = SetLogSink([&](LogLevel level, std::string_view message) {
+    if (level == LogLevel::kWarning) warnings.emplace_back(message);
+  });
+  auto b = NewBackend(LocalOptions(refusing));
+  ASSERT_TRUE(b);
+  auto n = b->AbortUnfinishedWrites();
+  SetLogSink(previous);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 0u);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_TRUE(Contains(warnings[0], "AccessDenied")) << warnings[0];
+  EXPECT_TRUE(Contains(warnings[0], "unfinished uploads")) << warnings[0];
 }
 
 // ---------------------------------------------------------------------------
