@@ -1219,6 +1219,51 @@ TEST(S3AgainstAScriptedServer, UploadsThatMayNotBeListedAreSkippedWithAWarning) 
   EXPECT_TRUE(Contains(warnings[0], "unfinished uploads")) << warnings[0];
 }
 
+// A lease that cannot be renewed for a whole lease (the server answers
+// nothing after the lock was taken) is given up: a warning says the next
+// commit will be refused, and releasing it later sends no DELETE (the
+// lease may be another writer's by then).
+TEST(S3AgainstAHungServer, ALeaseNotRenewedForAWholeLeaseIsGivenUp) {
+  std::atomic<int> creates{0}, deletes{0};
+  LocalServer server([&](const std::string& request) -> std::optional<std::string> {
+    if (request.rfind("DELETE ", 0) == 0) ++deletes;
+    if (request.rfind("PUT ", 0) == 0 && Contains(request, "If-None-Match: *") && ++creates == 1)
+      return "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: " + HttpDate() +
+             "\r\nConnection: close\r\n\r\n";
+    return std::nullopt;  // hangs: every renewal ends by its deadline
+  });
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  LogSink previous = SetLogSink([&](LogLevel level, std::string_view message) {
+    std::lock_guard<std::mutex> g(mu);
+    if (level == LogLevel::kWarning) warnings.emplace_back(message);
+  });
+  S3Options o = LocalOptions(server);
+  o.lease = milliseconds(1000);
+  auto b = NewBackend(o);
+  ASSERT_TRUE(b);
+  const auto taken = std::chrono::steady_clock::now();
+  auto lock = b->TryLock(kLockKey);
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  std::string lost;
+  while (lost.empty() && std::chrono::steady_clock::now() - taken < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(milliseconds(50));
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto& w : warnings)
+      if (Contains(w, "was lost")) lost = w;
+  }
+  const auto after =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - taken);
+  ASSERT_FALSE(lost.empty()) << "a lease not renewed for 10 s was never given up";
+  std::cout << "s3: a lease of 1000 ms that could not be renewed was given up after "
+            << after.count() << " ms\n";
+  EXPECT_GE(after.count(), 1000) << "given up before a whole lease went by";
+  EXPECT_TRUE(Contains(lost, "refused by the fence")) << lost;
+  lock->reset();
+  EXPECT_EQ(deletes.load(), 0) << "a lease given up is not deleted: it may be another's";
+  SetLogSink(previous);
+}
+
 // ---------------------------------------------------------------------------
 // radosgw killed or stopped under a backend: a private server per test, as
 // other processes use the shared one.
