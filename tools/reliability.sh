@@ -80,6 +80,15 @@ HEAD
   lines '^(torch-ranks|random kills)' "$bin/torch_ranks_test"
   lines '^ddp demo' "$CKPTIO_ROOT/tests/ddp/kill_resume_test.sh" "$bin"
   echo
+  echo "## An object store: s3:// on a real Ceph RGW"
+  echo
+  echo 'Test: `plugins/s3/tests/s3_store_test.cc` (`build/bin/s3_store_test`, which starts a'
+  echo 'throw-away Ceph with `tools/rgw-server.sh`; skipped where Ceph is not installed), and'
+  echo 'servers scripted to hang, lie or refuse. Every call ends by its deadline; a torn save'
+  echo 'is never visible; a lease is taken over only once it expired by the server'"'"'s clock.'
+  echo
+  lines '^s3' "$bin/s3_store_test"
+  echo
   echo "## Fuzzing"
   echo
   echo 'libFuzzer with ASan and UBSan (`tools/fuzz.sh`, seed corpus in `tests/fuzz/corpus`).'

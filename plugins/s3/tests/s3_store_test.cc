@@ -466,6 +466,8 @@ TEST_F(S3Test, RacingExclusiveCreatesHaveOneWinnerWhoseBytesAreStored) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(SameBytes(*got, bytes[winner])) << "round " << round << ": not the winner's bytes";
   }
+  std::cout << "s3: " << kWriters << " writers racing to create one key, " << kRounds
+            << " rounds: one winner each round, the winner's bytes stored\n";
 }
 
 TEST_F(S3Test, WrongKeysArePermissionDeniedNamingTheS3ErrorCode) {
@@ -1359,6 +1361,10 @@ TEST_F(S3Faults, AGatewayKilledMidSaveLeavesThePreviousStepAndTheUploadIsAborted
   EXPECT_EQ(*left, 0u) << "uploads are left after the writer took the store";
   EXPECT_TRUE(IsOk(SaveStep(**w, 2)));
   ExpectStepVerifies(store, 2);
+  if (!HasFailure())
+    std::cout << "s3: radosgw SIGKILLed in the middle of a multipart save: the save failed "
+                 "UNAVAILABLE, step 1 stayed LATEST and verified, the next writer aborted "
+              << (*w)->stale_temps_removed() << " leftover upload(s) and saved step 2\n";
 }
 
 // A stopped radosgw (SIGSTOP) holds connections and answers nothing: calls
