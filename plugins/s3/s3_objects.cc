@@ -12,6 +12,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "ckptio/layout.h"
@@ -101,6 +102,17 @@ Status GetRange(Client& client, const std::string& full_key, uint64_t offset, ch
   return OkStatus();
 }
 
+// A byte count from a header: decimal digits only, no sign, no overflow.
+std::optional<uint64_t> ParseSize(std::string_view text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;  // 19 digits fit
+  uint64_t n = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return n;
+}
+
 Result<uint64_t> Head(Client& client, const std::string& full_key, Deadline deadline) {
   Request r;
   r.method = "HEAD";
@@ -108,17 +120,19 @@ Result<uint64_t> Head(Client& client, const std::string& full_key, Deadline dead
   CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r, deadline));
   if (got.status != 200) return Unexpected(client, r, got);
   const std::string length = got.Header("content-length");
-  char* end = nullptr;
-  unsigned long long n = std::strtoull(length.c_str(), &end, 10);
-  if (length.empty() || *end != '\0')
+  auto n = ParseSize(length);
+  if (!n)
     return Status(Code::kUnavailable, "s3://" + client.options().bucket + "/" + full_key +
-                                          ": HEAD answered without a Content-Length");
-  return static_cast<uint64_t>(n);
+                                          ": HEAD answered Content-Length \"" + length +
+                                          "\", not a byte count");
+  return *n;
 }
 
 // The first bytes of an object (up to kHeadBytes) and its size, from one
-// ranged GET. Both come from one version of the key, where a HEAD and a
-// later GET could see two (a LATEST replaced in between).
+// ranged GET: a record no longer than that (LATEST, .writer) is read from
+// one version of its key, where a HEAD and a later GET could see two. (For
+// a larger object, later ranges may come from a newer version: the
+// manifest's checksums catch that.)
 struct Opened {
   uint64_t size = 0;
   std::string head;
@@ -150,16 +164,15 @@ Result<Opened> GetHead(Client& client, const std::string& full_key, Deadline dea
   } else if (got.status == 206) {  // "bytes 0-LAST/SIZE"
     const std::string range = got.Header("content-range");
     const std::string want = "bytes 0-" + std::to_string(got.received - 1) + "/";
-    char* end = nullptr;
-    const unsigned long long size =
-        range.rfind(want, 0) == 0 ? std::strtoull(range.c_str() + want.size(), &end, 10) : 0;
-    if (got.received == 0 || end == nullptr || end == range.c_str() + want.size() || *end != '\0' ||
-        size < got.received)
+    const auto size = got.received > 0 && range.rfind(want, 0) == 0
+                          ? ParseSize(std::string_view(range).substr(want.size()))
+                          : std::nullopt;
+    if (!size || *size < got.received)
       return Status(Code::kUnavailable, what + ": the server answered " +
                                             std::to_string(got.received) +
                                             " bytes with Content-Range \"" + range +
                                             "\" for the first " + std::to_string(kHeadBytes));
-    o.size = size;
+    o.size = *size;
   } else {
     return Unexpected(client, r, got);
   }
@@ -188,7 +201,7 @@ Status UploadPart(Client& client, const std::string& key, const std::string& id,
 // fresh memory costs a page fault per 4 KiB the first time it fills, which
 // for every part of a large object is CPU taken from hashing and sending.
 // Past its first 2 MiB (where a small object ends) it is on transparent
-// huge pages, a fault per 2 MiB.
+// huge pages: a fault per aligned 2 MiB.
 class PartBuffer {
  public:
   static Result<std::unique_ptr<PartBuffer>> Make(size_t capacity) {
@@ -333,17 +346,15 @@ class S3Writer : public ObjectWriter {
     std::string* etag = &etags_[number - 1];
     try {
       in_flight_.push_back(
-          {std::async(std::launch::async,
-                      [client, key, id, body, number, etag]() -> Status {
-                        try {
-                          return UploadPart(*client, key, id, body, number, etag);
-                        } catch (
-                            const std::exception& e) {  // bad_alloc: nothing may escape to get()
-                          return Status(Code::kResourceExhausted,
-                                        std::string("uploading a part: ") + e.what());
-                        }
-                      }),
-           std::move(buffer_)});
+          {std::move(buffer_),
+           std::async(std::launch::async, [client, key, id, body, number, etag]() -> Status {
+             try {
+               return UploadPart(*client, key, id, body, number, etag);
+             } catch (const std::exception& e) {  // bad_alloc: nothing may escape to get()
+               return Status(Code::kResourceExhausted,
+                             std::string("uploading a part: ") + e.what());
+             }
+           })});
     } catch (const std::system_error& e) {
       return Fail(
           Status(Code::kResourceExhausted, Where() + ": no thread for a part: " + e.what()));
@@ -453,8 +464,10 @@ class S3Writer : public ObjectWriter {
   std::string upload_id_;
   std::deque<std::string> etags_;  // a deque: parts write through stable pointers
   struct InFlight {
-    std::future<Status> sent;
     std::unique_ptr<PartBuffer> buffer;  // its bytes, until sent
+    // Destroyed first: its destructor waits for the upload that reads
+    // `buffer` (a push_back that throws destroys an entry whose part runs).
+    std::future<Status> sent;
   };
   std::deque<InFlight> in_flight_;
   Status error_ = OkStatus();
@@ -584,6 +597,12 @@ namespace {
 // `page` handles each answer (false: stop there); `advance` sets the next
 // page's markers from an answer, false when it names none new (a server
 // that would page in a circle).
+// The value of a query parameter of `r`, "" when it has none.
+std::string QueryValue(const Request& r, const std::string& name) {
+  auto it = r.query.find(name);
+  return it == r.query.end() ? "" : it->second;
+}
+
 Status ForEachPage(Client& client, Request request, Deadline deadline, const std::string& what,
                    const std::function<Result<bool>(const Response&)>& page,
                    const std::function<bool(const std::string& body, Request& next)>& advance) {
@@ -630,7 +649,8 @@ Result<std::vector<std::string>> Objects::List(std::string_view prefix) {
   };
   auto advance = [](const std::string& body, Request& next) {
     auto token = XmlValues(body, "NextContinuationToken");
-    if (token.empty() || token.front().empty() || token.front() == next.query["continuation-token"])
+    if (token.empty() || token.front().empty() ||
+        token.front() == QueryValue(next, "continuation-token"))
       return false;
     next.query["continuation-token"] = token.front();
     return true;
@@ -696,8 +716,9 @@ Result<size_t> Objects::AbortUploads() {
     auto key = XmlValues(body, "NextKeyMarker");
     auto id = XmlValues(body, "NextUploadIdMarker");
     const std::string next_id = id.empty() ? "" : id.front();
-    if (key.empty() ||
-        (key.front() == next.query["key-marker"] && next_id == next.query["upload-id-marker"]))
+    if (key.empty() || key.front().empty() ||
+        (key.front() == QueryValue(next, "key-marker") &&
+         next_id == QueryValue(next, "upload-id-marker")))
       return false;
     next.query["key-marker"] = key.front();
     if (next_id.empty())
