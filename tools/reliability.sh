@@ -87,7 +87,11 @@ HEAD
   echo 'servers scripted to hang, lie or refuse. Every call ends by its deadline; a torn save'
   echo 'is never visible; a lease is taken over only once it expired by the server'"'"'s clock.'
   echo
-  lines '^s3' "$bin/s3_store_test"
+  if [ -x "$bin/s3_store_test" ]; then
+    lines '^s3' "$bin/s3_store_test"
+  else
+    echo "    (not built: configure with -DCKPTIO_WITH_S3=ON)"
+  fi
   echo
   echo "## Fuzzing"
   echo

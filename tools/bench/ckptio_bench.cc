@@ -399,7 +399,8 @@ void RemoveS3Store(const std::string& store) {
 
 // Opening the store (rank 0 takes the writer lock) is outside the timed
 // region of a save and of a load alike: a trainer opens once, then saves
-// and loads through the open Checkpointer.
+// and loads through the open Checkpointer. (Each contender opens its own,
+// before its timer starts.)
 std::unique_ptr<ckptio::Checkpointer> OpenStore(const std::string& store) {
   auto ckpt = ckptio::Checkpointer::Open(store, ckptio::RankInfo{});
   if (!ckpt.ok()) Die(ckpt.status().ToString());
@@ -411,15 +412,19 @@ void CkptioSave(const std::string& store, const ckptio::State& state, std::vecto
   t->push_back(Seconds([&] { Check(ckpt->Save(1, state), "ckptio save to " + store); }));
 }
 
-void CkptioLoad(const std::string& store, ckptio::State& state, std::vector<double>* t) {
-  auto ckpt = OpenStore(store);
+void CkptioLoad(ckptio::Checkpointer& ckpt, const std::string& store, ckptio::State& state,
+                std::vector<double>* t) {
   ckptio::LoadOptions lo;
   lo.map_location = ckptio::MapLocation::To("cpu");
   t->push_back(Seconds([&] {
-    auto loaded = ckpt->Load(state, lo);
+    auto loaded = ckpt.Load(state, lo);
     if (!loaded.ok()) Die("ckptio load from " + store + ": " + loaded.status().ToString());
     if (!loaded->step) Die("ckptio load from " + store + ": the store is empty");
   }));
+}
+
+void CkptioLoad(const std::string& store, ckptio::State& state, std::vector<double>* t) {
+  CkptioLoad(*OpenStore(store), store, state, t);
 }
 
 std::string WithSub(const std::string& uri, const std::string& sub) {
@@ -861,8 +866,9 @@ int main(int argc, char** argv) {
       // The warm load's tensors map the store's files: drop them, or the
       // kernel cannot evict those pages.
       for (auto& m : mine) m = torch::Tensor();
+      auto cold = OpenStore(store);  // opened first: the open reads LATEST and .writer
       DropCache(store);
-      CkptioLoad(store, state, &t["ckptio_load_cold"]);
+      CkptioLoad(*cold, store, state, &t["ckptio_load_cold"]);
       if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes");
       DropCache(tpt);
       t["torch_load_cold"].push_back(Seconds([&] {
