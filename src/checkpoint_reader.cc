@@ -214,7 +214,9 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
   // reader takes at once (an object store's ranged GETs).
   const bool read = !mapped.ok();
   if (read) {
-    CKPTIO_ASSIGN_OR_RETURN(view, BufferView::Make(e->size));
+    auto made = BufferView::Make(e->size);
+    if (!made.ok()) return made.status().WithContext(where);
+    view = std::move(*made);
     if (e->size >= (16u << 20)) {
       try {
         populate.emplace(view->data(), e->size);

@@ -1,8 +1,11 @@
 // The commit protocol through the public Store API on the POSIX backend.
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
@@ -462,6 +465,35 @@ TEST_P(ViewTest, ATruncatedObjectIsDataLoss) {
   ASSERT_TRUE(Save(*w, 1, {{"a", RandomBytes(100000, 7)}}).ok());
   ASSERT_EQ(::truncate(dir_.Sub("store/step-000000000001/a").c_str(), 50000), 0);
   EXPECT_EQ(Open(1)->View("a").status().code(), Code::kDataLoss);
+}
+
+// An object larger than the address space left to the process (RLIMIT_AS,
+// set in a child) is ResourceExhausted, saying so, never a crash: the
+// buffer path's anonymous memory and the map alike.
+TEST_P(ViewTest, AnObjectLargerThanTheMemoryLeftIsResourceExhausted) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer reserves address space that a limit on it would break";
+#endif
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"big", RandomBytes(96 << 20, 9)}}).ok());
+  auto r = Open(1);
+  ASSERT_TRUE(r);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        long pages = 0;
+        std::ifstream("/proc/self/statm") >> pages;  // the address space in use
+        rlimit limit{};
+        limit.rlim_cur = limit.rlim_max =
+            static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
+            (rlim_t{32} << 20);
+        ::setrlimit(RLIMIT_AS, &limit);
+        auto view = r->View("big");
+        const std::string said = view.status().ToString() + "\n";
+        (void)!::write(2, said.data(), said.size());
+        std::_Exit(view.status().code() == Code::kResourceExhausted ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "RESOURCE_EXHAUSTED.*big");
 }
 
 INSTANTIATE_TEST_SUITE_P(MapAndBuffer, ViewTest, ::testing::Bool(), [](const auto& param_info) {
