@@ -288,6 +288,22 @@ struct RawNfs {
 };
 
 // The tensors as a ckptio State (t0, t1, ...), referring to `tensors`.
+// Tensors of their own (TensorImpls) on the same memory as `tensors`, to
+// load into: a load sets each to the loaded storage (Tensor::set_, as it
+// does a caller's tensors), which must not reach `tensors` through a shared
+// TensorImpl. (Copied handles would share it: the originals then held the
+// loaded map, every later contender read that, a "cold" load found its
+// pages still mapped, and the checks compared a tensor with itself.)
+std::vector<torch::Tensor> LoadTargets(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> out;
+  for (const auto& x : tensors) {
+    torch::Tensor t = torch::empty({0}, x.options());
+    t.set_(x);
+    out.push_back(t);
+  }
+  return out;
+}
+
 ckptio::State StateOf(std::vector<torch::Tensor>& tensors) {
   ckptio::State state;
   for (size_t i = 0; i < tensors.size(); ++i)
@@ -473,7 +489,7 @@ void GpuBench(const std::string& dir, const std::string& device_name, int64_t si
         Seconds([&] { done = (*async_ckpt)->SaveAsync(r + 1, async_state); }));
     Check(done.get(), "SaveAsync");
     RemoveAndSettle(store);
-    std::vector<torch::Tensor> mine = tensors;
+    std::vector<torch::Tensor> mine = LoadTargets(tensors);
     ckptio::State state = StateOf(mine);
     CkptioSave(store, state, &t["ckptio_save"]);
     auto module = std::make_shared<torch::nn::Module>();
@@ -800,7 +816,7 @@ int main(int argc, char** argv) {
       // ckptio save (a fresh store each time: retention stays out of it).
       const std::string store = dir + "/store";
       RemoveAndSettle(store);
-      std::vector<torch::Tensor> mine = tensors;
+      std::vector<torch::Tensor> mine = LoadTargets(tensors);
       ckptio::State state = StateOf(mine);
       CkptioSave(store, state, &t["ckptio_save"]);
       RemoveAndSettle(tpt);
@@ -889,7 +905,7 @@ int main(int argc, char** argv) {
       std::vector<char> buf(static_cast<size_t>(bytes));
       for (int r = 0; r < repeat; ++r) {
         t["nfs_raw_write"].push_back(Seconds([&] { nfs.Write("/" + sub + ".raw", tensors); }));
-        std::vector<torch::Tensor> mine = tensors;
+        std::vector<torch::Tensor> mine = LoadTargets(tensors);
         ckptio::State state = StateOf(mine);
         const std::string store = WithSub(nfs_uri, sub + "-" + std::to_string(r));
         CkptioSave(store, state, &t["nfs_ckptio_save"]);
@@ -907,7 +923,7 @@ int main(int argc, char** argv) {
       std::vector<char> buf(static_cast<size_t>(bytes));
       for (int r = 0; r < repeat; ++r) {
         t["s3_raw_put"].push_back(Seconds([&] { raw_s3.Put(sub + ".raw", tensors); }));
-        std::vector<torch::Tensor> mine = tensors;
+        std::vector<torch::Tensor> mine = LoadTargets(tensors);
         ckptio::State state = StateOf(mine);
         const std::string store = WithSub(s3_uri, sub + "-" + std::to_string(r));
         CkptioSave(store, state, &t["s3_ckptio_save"]);
