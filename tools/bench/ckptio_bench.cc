@@ -287,7 +287,6 @@ struct RawNfs {
   }
 };
 
-// The tensors as a ckptio State (t0, t1, ...), referring to `tensors`.
 // Tensors of their own (TensorImpls) on the same memory as `tensors`, to
 // load into: a load sets each to the loaded storage (Tensor::set_, as it
 // does a caller's tensors), which must not reach `tensors` through a shared
@@ -304,6 +303,7 @@ std::vector<torch::Tensor> LoadTargets(const std::vector<torch::Tensor>& tensors
   return out;
 }
 
+// The tensors as a ckptio State (t0, t1, ...), referring to `tensors`.
 ckptio::State StateOf(std::vector<torch::Tensor>& tensors) {
   ckptio::State state;
   for (size_t i = 0; i < tensors.size(); ++i)
