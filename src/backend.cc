@@ -1,8 +1,13 @@
 #include "ckptio/backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <string>
+#include <utility>
 
 #include "text.h"
 
@@ -18,6 +23,36 @@ bool IsSchemeChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '.' || c == '-';
 }
 }  // namespace
+
+Result<AnonymousMemory> AnonymousMemory::Allocate(size_t size, size_t huge_from) {
+  const size_t mapped = std::max<size_t>(size, 1);
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return Status(Code::kResourceExhausted,
+                  "no memory for " + std::to_string(size) + " bytes: " + std::strerror(errno));
+  if (huge_from < size)
+    (void)::madvise(static_cast<char*>(p) + huge_from, size - huge_from, MADV_HUGEPAGE);
+  return AnonymousMemory(static_cast<char*>(p), size, mapped);
+}
+
+AnonymousMemory::AnonymousMemory(AnonymousMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      mapped_(std::exchange(other.mapped_, 0)) {}
+
+AnonymousMemory& AnonymousMemory::operator=(AnonymousMemory&& other) noexcept {
+  if (this != &other) {
+    if (data_) ::munmap(data_, mapped_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, 0);
+  }
+  return *this;
+}
+
+AnonymousMemory::~AnonymousMemory() {
+  if (data_) ::munmap(data_, mapped_);
+}
 
 Status ValidateKey(std::string_view key) {
   auto bad = [&](std::string_view why) {

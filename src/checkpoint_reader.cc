@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -141,26 +140,12 @@ namespace {
 // took 28 ms on 2 MiB pages against 80 ms on 4 KiB pages on this VM.
 class BufferView : public ObjectView {
  public:
-  static Result<std::shared_ptr<BufferView>> Make(uint64_t size) {
-    const size_t len = static_cast<size_t>(std::max<uint64_t>(size, 1));
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      return Status(Code::kResourceExhausted, "no memory for an object of " + std::to_string(size) +
-                                                  " bytes: " + std::strerror(errno));
-    (void)::madvise(p, len, MADV_HUGEPAGE);
-    return std::shared_ptr<BufferView>(new BufferView(static_cast<char*>(p), size, len));
-  }
-  BufferView(const BufferView&) = delete;
-  BufferView& operator=(const BufferView&) = delete;
-  ~BufferView() override { ::munmap(data_, len_); }
-  char* data() override { return data_; }
-  uint64_t size() const override { return size_; }
+  explicit BufferView(AnonymousMemory memory) : memory_(std::move(memory)) {}
+  char* data() override { return memory_.data(); }
+  uint64_t size() const override { return memory_.size(); }
 
  private:
-  BufferView(char* data, uint64_t size, size_t len) : data_(data), size_(size), len_(len) {}
-  char* data_;
-  uint64_t size_;
-  size_t len_;
+  AnonymousMemory memory_;
 };
 
 // Maps the pages of [p, p + n) ahead of whoever fills them, on a thread of
@@ -214,9 +199,9 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
   // reader takes at once (an object store's ranged GETs).
   const bool read = !mapped.ok();
   if (read) {
-    auto made = BufferView::Make(e->size);
-    if (!made.ok()) return made.status().WithContext(where);
-    view = std::move(*made);
+    auto memory = AnonymousMemory::Allocate(static_cast<size_t>(e->size));
+    if (!memory.ok()) return memory.status().WithContext(where + ": reading it whole");
+    view = std::make_shared<BufferView>(std::move(*memory));
     if (e->size >= (16u << 20)) {
       try {
         populate.emplace(view->data(), e->size);

@@ -78,6 +78,30 @@ class CKPTIO_EXPORT ObjectView {
   virtual uint64_t size() const = 0;
 };
 
+// Private zero-filled memory of `size` bytes (mmap), freed with the object;
+// from byte `huge_from` on advised onto transparent huge pages (a fault per
+// aligned 2 MiB instead of per 4 KiB when first touched). For buffers that
+// objects are read into or written from: a view of an object that cannot be
+// mapped, a part of an upload. ResourceExhausted when there is no memory.
+class CKPTIO_EXPORT AnonymousMemory {
+ public:
+  static Result<AnonymousMemory> Allocate(size_t size, size_t huge_from = 0);
+  AnonymousMemory(AnonymousMemory&& other) noexcept;
+  AnonymousMemory& operator=(AnonymousMemory&& other) noexcept;
+  AnonymousMemory(const AnonymousMemory&) = delete;
+  AnonymousMemory& operator=(const AnonymousMemory&) = delete;
+  ~AnonymousMemory();
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  AnonymousMemory(char* data, size_t size, size_t mapped)
+      : data_(data), size_(size), mapped_(mapped) {}
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  size_t mapped_ = 0;  // at least one page: mmap takes no empty mapping
+};
+
 // Reads one committed object. Not thread-safe.
 class CKPTIO_EXPORT ObjectReader {
  public:

@@ -1,11 +1,8 @@
 // The s3:// backend's objects (see s3_objects.h and ckptio/s3_backend.h).
 #include "s3_objects.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -197,44 +194,35 @@ Status UploadPart(Client& client, const std::string& key, const std::string& id,
   return OkStatus();
 }
 
-// A part's bytes, in anonymous memory reused for the next part once sent:
-// fresh memory costs a page fault per 4 KiB the first time it fills, which
-// for every part of a large object is CPU taken from hashing and sending.
-// Past its first 2 MiB (where a small object ends) it is on transparent
-// huge pages: a fault per aligned 2 MiB.
+// A part's bytes, reused for the next part once sent: fresh memory costs
+// a page fault per 4 KiB the first time it fills, which for every part of a
+// large object is CPU taken from hashing and sending. Past its first 2 MiB
+// (where a small object ends) it is on transparent huge pages.
 class PartBuffer {
  public:
   static Result<std::unique_ptr<PartBuffer>> Make(size_t capacity) {
-    void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      return Status(Code::kResourceExhausted,
-                    "no memory for a part of " + std::to_string(capacity) + " bytes: " +
-                        std::strerror(errno) + " (lower part_mib or parallel in the URI)");
-    constexpr size_t kSmall = 2u << 20;
-    if (capacity > kSmall)
-      (void)::madvise(static_cast<char*>(p) + kSmall, capacity - kSmall, MADV_HUGEPAGE);
-    return std::unique_ptr<PartBuffer>(new PartBuffer(static_cast<char*>(p), capacity));
+    auto memory = AnonymousMemory::Allocate(capacity, size_t{2} << 20);
+    if (!memory.ok())
+      return Status(Code::kResourceExhausted, "a part of an upload: " + memory.status().message() +
+                                                  " (lower part_mib or parallel in the URI)");
+    return std::make_unique<PartBuffer>(std::move(*memory));
   }
-  PartBuffer(const PartBuffer&) = delete;
-  PartBuffer& operator=(const PartBuffer&) = delete;
-  ~PartBuffer() { ::munmap(data_, capacity_); }
+  explicit PartBuffer(AnonymousMemory memory) : memory_(std::move(memory)) {}
 
   // Copies up to `size` bytes in; returns how many fitted.
   size_t Append(const char* p, size_t size) {
-    const size_t take = std::min(size, capacity_ - size_);
-    std::memcpy(data_ + size_, p, take);
+    const size_t take = std::min(size, memory_.size() - size_);
+    std::memcpy(memory_.data() + size_, p, take);
     size_ += take;
     return take;
   }
-  bool full() const { return size_ == capacity_; }
+  bool full() const { return size_ == memory_.size(); }
   bool empty() const { return size_ == 0; }
-  std::string_view bytes() const { return {data_, size_}; }
+  std::string_view bytes() const { return {memory_.data(), size_}; }
   void clear() { size_ = 0; }
 
  private:
-  PartBuffer(char* data, size_t capacity) : data_(data), capacity_(capacity) {}
-  char* const data_;
-  const size_t capacity_;
+  AnonymousMemory memory_;
   size_t size_ = 0;
 };
 
@@ -592,17 +580,17 @@ Result<ObjectInfo> Objects::Stat(std::string_view key) {
 }
 
 namespace {
-// Sends `request`, then the request for each next page while the answer
-// says IsTruncated, all by `deadline` and at most kMaxListPages of them.
-// `page` handles each answer (false: stop there); `advance` sets the next
-// page's markers from an answer, false when it names none new (a server
-// that would page in a circle).
 // The value of a query parameter of `r`, "" when it has none.
 std::string QueryValue(const Request& r, const std::string& name) {
   auto it = r.query.find(name);
   return it == r.query.end() ? "" : it->second;
 }
 
+// Sends `request`, then the request for each next page while the answer
+// says IsTruncated, all by `deadline` and at most kMaxListPages of them.
+// `page` handles each answer (false: stop there); `advance` sets the next
+// page's markers from an answer, false when it names none new (a server
+// that would page in a circle).
 Status ForEachPage(Client& client, Request request, Deadline deadline, const std::string& what,
                    const std::function<Result<bool>(const Response&)>& page,
                    const std::function<bool(const std::string& body, Request& next)>& advance) {
