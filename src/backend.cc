@@ -24,6 +24,11 @@ bool IsSchemeChar(char c) {
 }
 }  // namespace
 
+Result<Hash128> ObjectReader::ReadAndHash(uint64_t offset, void* buf, size_t size) {
+  CKPTIO_RETURN_IF_ERROR(ReadAt(offset, buf, size));
+  return HashBytes(buf, size);
+}
+
 Result<AnonymousMemory> AnonymousMemory::Allocate(size_t size, size_t huge_from) {
   const size_t mapped = std::max<size_t>(size, 1);
   void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -194,9 +194,10 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
     return mapped.status().WithContext(where);
   std::shared_ptr<ObjectView> view;
   std::optional<Populator> populate;
-  // Without a map the chunks are read into a buffer, each hashed by the
-  // thread that read it while it is in cache: one thread, or as many as the
-  // reader takes at once (an object store's ranged GETs).
+  // Without a map the chunks are read into a buffer, each hashed as it is
+  // read (ObjectReader::ReadAndHash) by the thread that reads it: one
+  // thread, or as many as the reader takes at once (an object store's
+  // ranged GETs).
   const bool read = !mapped.ok();
   if (read) {
     auto memory = AnonymousMemory::Allocate(static_cast<size_t>(e->size));
@@ -230,15 +231,17 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
     for (uint64_t c; (c = next.fetch_add(1)) < n;) {
       auto [lo, len] = chunk_range(c);
       if (read) {
-        Status s = reader->ReadAt(lo, view->data() + lo, len);
-        if (!s.ok()) {
+        Result<Hash128> h = reader->ReadAndHash(lo, view->data() + lo, len);
+        if (!h.ok()) {
           std::lock_guard<std::mutex> g(failed_mu);
-          if (failed.ok()) failed = s;
+          if (failed.ok()) failed = h.status();
           next = n;  // the others stop at their next chunk
           return;
         }
+        got[c] = *h;
+      } else {
+        got[c] = HashBytes(view->data() + lo, len);
       }
-      got[c] = HashBytes(view->data() + lo, len);
       if (got[c] != e->chunks[c]) {
         uint64_t prev = first_bad.load();
         while (c < prev && !first_bad.compare_exchange_weak(prev, c)) {

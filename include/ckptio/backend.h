@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "ckptio/export.h"
+#include "ckptio/hash.h"
 #include "ckptio/layout.h"
 #include "ckptio/status.h"
 
@@ -111,6 +112,12 @@ class CKPTIO_EXPORT ObjectReader {
   // Fills buf with exactly `size` bytes starting at `offset`. Reading past
   // the end is DataLoss (a short object is a torn object).
   virtual Status ReadAt(uint64_t offset, void* buf, size_t size) = 0;
+  // ReadAt, and the XXH3-128 of the bytes read (HashBytes of `buf` after
+  // it). The default reads, then hashes `buf`: a second pass over memory. A
+  // backend whose bytes pass through a small buffer of its own on the way
+  // (a network read) hashes them there as they arrive, while they are in
+  // cache.
+  virtual Result<Hash128> ReadAndHash(uint64_t offset, void* buf, size_t size);
   // How many ReadAt calls (on distinct ranges) may run at once from
   // different threads, and pay: 1 (the default) where ReadAt is not
   // thread-safe or gains nothing (a local file, one NFS connection); an

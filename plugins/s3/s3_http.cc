@@ -65,6 +65,7 @@ size_t OnBody(char* data, size_t size, size_t n, void* arg) {
       return 0;  // aborts the transfer
     }
     std::memcpy(t->request->sink + r.received, data, len);
+    if (t->request->sink_hash != nullptr) t->request->sink_hash->Update(data, len);
   } else {
     if (r.body.size() + len > kMaxBodyBytes) {
       t->too_long = true;
@@ -286,6 +287,7 @@ Result<Response> Client::SendOnce(Handle& h, const Request& request, Clock::time
   CURL* c = h.curl;
   curl_easy_reset(c);  // keeps the handle's live connections
   Response response;
+  if (request.sink_hash != nullptr) request.sink_hash->Reset();
   Transfer t;
   t.request = &request;
   t.response = &response;

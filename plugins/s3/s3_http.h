@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckptio/hash.h"
 #include "ckptio/s3_backend.h"
 #include "ckptio/status.h"
 
@@ -30,6 +31,9 @@ struct Request {
   // Response::body. Used by ranged reads straight into the caller's buffer.
   char* sink = nullptr;
   size_t sink_size = 0;
+  // With a sink: fed the bytes as they arrive, reset at each try; its
+  // digest is then the hash of the sink.
+  Hasher* sink_hash = nullptr;
   // Whether sending it again is harmless (GET, HEAD, DELETE, a PUT of a
   // whole body). A conditional PUT is retried too: its caller resolves a
   // 412 that a retry may cause.

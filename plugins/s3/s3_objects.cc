@@ -63,12 +63,13 @@ Status ForEachParallel(size_t n, int parallel, const std::function<Status(size_t
   return first;
 }
 
-// Fills buf with [offset, offset + size) of `full_key` by one ranged GET.
+// Fills buf with [offset, offset + size) of `full_key` by one ranged GET
+// (and `hash`, when given, with their hash as they arrive).
 // An answer for other bytes than asked (a server or proxy that ignores
 // Range) is Unavailable, never DataLoss: the object may be fine, and
 // `fsck --repair` deletes what is damaged.
 Status GetRange(Client& client, const std::string& full_key, uint64_t offset, char* buf,
-                size_t size, Deadline deadline) {
+                size_t size, Deadline deadline, Hasher* hash = nullptr) {
   Request r;
   r.method = "GET";
   r.key = full_key;
@@ -76,6 +77,7 @@ Status GetRange(Client& client, const std::string& full_key, uint64_t offset, ch
   r.headers.push_back("Range: bytes=" + range);
   r.sink = buf;
   r.sink_size = size;
+  r.sink_hash = hash;
   auto sent = client.Send(r, deadline);
   const std::string what = "s3://" + client.options().bucket + "/" + full_key + ": bytes [" +
                            std::to_string(offset) + ", " + std::to_string(offset + size) + ")";
@@ -492,6 +494,18 @@ class S3Reader : public ObjectReader {
       const size_t len = static_cast<size_t>(std::min<uint64_t>(piece, size - begin));
       return GetRange(*client_, key_, offset + begin, out + begin, len, client_->Deadline());
     });
+  }
+
+  // A read of at most one part is one GET whose bytes are hashed as they
+  // arrive, in curl's buffer.
+  Result<Hash128> ReadAndHash(uint64_t offset, void* buf, size_t size) override {
+    if (size == 0 || offset + size <= head_.size() || size > client_->options().part_bytes ||
+        offset > size_ || size > size_ - offset)
+      return ObjectReader::ReadAndHash(offset, buf, size);
+    Hasher hash;
+    CKPTIO_RETURN_IF_ERROR(GetRange(*client_, key_, offset, static_cast<char*>(buf), size,
+                                    client_->Deadline(), &hash));
+    return hash.Digest();
   }
 
   // No Map: readers take the object chunk by chunk on `parallel` threads,

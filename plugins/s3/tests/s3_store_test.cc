@@ -1086,6 +1086,45 @@ TEST(S3AgainstAScriptedServer, TheOpeningAnswerMustNameItsBytesAndTheSize) {
   EXPECT_EQ((*empty)->Size(), 0u);
 }
 
+// A read hashes the bytes as they arrive; an answer cut off in the middle
+// is sent again, and the hash is of the bytes the read returns, not of
+// every byte that arrived (the first try's are counted once, not twice).
+TEST(S3AgainstAScriptedServer, AReadCutOffAndSentAgainHashesTheBytesItReturns) {
+  std::string object(20000, '\0');
+  for (size_t i = 0; i < object.size(); ++i) object[i] = static_cast<char>(i * 131 + i / 7);
+  std::atomic<int> range_gets{0};
+  LocalServer server([&](const std::string& head) -> std::optional<std::string> {
+    const std::string prefix = "Range: bytes=";
+    const size_t at = head.find(prefix);
+    if (head.rfind("GET ", 0) != 0 || at == std::string::npos) return std::nullopt;
+    const uint64_t lo = std::stoull(head.substr(at + prefix.size()));
+    const uint64_t hi = std::stoull(head.substr(head.find('-', at) + 1));
+    const std::string bytes = object.substr(lo, hi - lo + 1);
+    const std::string reply =
+        "HTTP/1.1 206 Partial Content\r\nContent-Length: " + std::to_string(bytes.size()) +
+        "\r\nContent-Range: bytes " + std::to_string(lo) + "-" + std::to_string(hi) + "/" +
+        std::to_string(object.size()) + "\r\nConnection: close\r\n\r\n";
+    if (lo > 0 && ++range_gets == 1) return reply + bytes.substr(0, bytes.size() / 3);  // cut off
+    return reply + bytes;
+  });
+  auto b = NewBackend(LocalOptions(server));
+  ASSERT_TRUE(b);
+  auto r = b->OpenObject("a.bin");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ((*r)->Size(), object.size());
+  std::string got(10000, '\0');
+  auto hash = (*r)->ReadAndHash(5000, got.data(), got.size());
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(range_gets.load(), 2) << "cut off once, then whole";
+  EXPECT_EQ(got, object.substr(5000, 10000));
+  EXPECT_EQ(*hash, ckptio::HashBytes(got.data(), got.size()));
+  // Inside the bytes fetched when it was opened: no request, the same hash.
+  auto first = (*r)->ReadAndHash(10, got.data(), 100);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(range_gets.load(), 2);
+  EXPECT_EQ(*first, ckptio::HashBytes(object.data() + 10, 100));
+}
+
 std::string Contents(const std::string& xml_key) {
   return "<Contents><Key>" + xml_key +
          "</Key><LastModified>2024-01-01T00:00:00.000Z</LastModified>"

@@ -33,10 +33,13 @@
 //     CompleteMultipartUpload, so an exclusive object larger than a part is
 //     checked with a HEAD just before completing: that is not atomic, and
 //     the core writes such objects only under names no other writer uses.
-//   * OpenObject: HEAD (its size); ReadAt: GET with a Range, a large one in
+//   * OpenObject: a GET of the first 4 KiB (Content-Range gives the size;
+//     reads inside those bytes send nothing; an empty object is sized by
+//     HEAD); ReadAt: GET with a Range, a large one in
 //     part-sized ranges `parallel` at once. No Map: ConcurrentReads() is
 //     `parallel`, so the core reads an object chunk by chunk on that many
-//     threads, each hashing its chunk as it arrives. A short answer is
+//     threads, each hashing its chunk as its bytes arrive, in curl's buffer
+//     (ReadAndHash; a retried GET starts its hash again). A short answer is
 //     DataLoss (a torn object), like a short file.
 //   * List: ListObjectsV2, every page; keys outside "PREFIX/" or not valid
 //     ckptio keys (ValidateKey) are skipped, and a listing over 10 million
