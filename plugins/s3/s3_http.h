@@ -77,6 +77,10 @@ class Client {
 
   // "s3://bucket/prefix" for messages.
   const std::string& Where() const { return where_; }
+  // "s3://bucket/KEY" for messages about one object (KEY: a full key).
+  std::string Where(std::string_view full_key) const {
+    return "s3://" + options_.bucket + "/" + std::string(full_key);
+  }
   const S3Options& options() const { return options_; }
 
  private:

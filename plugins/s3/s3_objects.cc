@@ -63,29 +63,40 @@ Status ForEachParallel(size_t n, int parallel, const std::function<Status(size_t
   return first;
 }
 
-// Fills buf with [offset, offset + size) of `full_key` by one ranged GET
-// (and `hash`, when given, with their hash as they arrive).
-// An answer for other bytes than asked (a server or proxy that ignores
-// Range) is Unavailable, never DataLoss: the object may be fine, and
-// `fsck --repair` deletes what is damaged.
-Status GetRange(Client& client, const std::string& full_key, uint64_t offset, char* buf,
-                size_t size, Deadline deadline, Hasher* hash = nullptr) {
-  Request r;
+// A GET of bytes [offset, offset + size) of `full_key` into buf (and
+// `hash`, when given, fed them as they arrive), sent. More bytes than asked
+// for (a server or proxy that ignores Range) is Unavailable, never
+// DataLoss: the object may be fine, and `fsck --repair` deletes what is
+// damaged. `what` names the bytes in messages.
+Result<Response> SendRange(Client& client, Request& r, const std::string& full_key, uint64_t offset,
+                           char* buf, size_t size, Deadline deadline, const std::string& what,
+                           Hasher* hash = nullptr) {
   r.method = "GET";
   r.key = full_key;
-  const std::string range = std::to_string(offset) + "-" + std::to_string(offset + size - 1);
-  r.headers.push_back("Range: bytes=" + range);
+  r.headers.push_back("Range: bytes=" + std::to_string(offset) + "-" +
+                      std::to_string(offset + size - 1));
   r.sink = buf;
   r.sink_size = size;
   r.sink_hash = hash;
   auto sent = client.Send(r, deadline);
-  const std::string what = "s3://" + client.options().bucket + "/" + full_key + ": bytes [" +
-                           std::to_string(offset) + ", " + std::to_string(offset + size) + ")";
-  if (!sent.ok() && sent.status().code() == Code::kDataLoss)  // more bytes than asked for
+  if (!sent.ok() && sent.status().code() == Code::kDataLoss)
     return Status(Code::kUnavailable, what +
                                           ": the server sent more bytes than asked for (does "
                                           "it, or a proxy, ignore Range?)");
-  CKPTIO_ASSIGN_OR_RETURN(Response got, std::move(sent));
+  return sent;
+}
+
+// Fills buf with [offset, offset + size) of `full_key` by one ranged GET
+// (and `hash`, when given, with their hash as they arrive). An answer for
+// other bytes than asked is Unavailable, as in SendRange.
+Status GetRange(Client& client, const std::string& full_key, uint64_t offset, char* buf,
+                size_t size, Deadline deadline, Hasher* hash = nullptr) {
+  const std::string range = std::to_string(offset) + "-" + std::to_string(offset + size - 1);
+  const std::string what = client.Where(full_key) + ": bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + size) + ")";
+  Request r;
+  CKPTIO_ASSIGN_OR_RETURN(Response got,
+                          SendRange(client, r, full_key, offset, buf, size, deadline, what, hash));
   if (got.status != 206 && got.status != 200) return Unexpected(client, r, got);
   const std::string content_range = got.Header("content-range");
   if (got.status == 206 ? content_range.rfind("bytes " + range + "/", 0) != 0 &&
@@ -121,9 +132,8 @@ Result<uint64_t> Head(Client& client, const std::string& full_key, Deadline dead
   const std::string length = got.Header("content-length");
   auto n = ParseSize(length);
   if (!n)
-    return Status(Code::kUnavailable, "s3://" + client.options().bucket + "/" + full_key +
-                                          ": HEAD answered Content-Length \"" + length +
-                                          "\", not a byte count");
+    return Status(Code::kUnavailable, client.Where(full_key) + ": HEAD answered Content-Length \"" +
+                                          length + "\", not a byte count");
   return *n;
 }
 
@@ -140,19 +150,10 @@ struct Opened {
 Result<Opened> GetHead(Client& client, const std::string& full_key, Deadline deadline) {
   Opened o;
   o.head.resize(kHeadBytes);
+  const std::string what = client.Where(full_key);
   Request r;
-  r.method = "GET";
-  r.key = full_key;
-  r.headers.push_back("Range: bytes=0-" + std::to_string(kHeadBytes - 1));
-  r.sink = o.head.data();
-  r.sink_size = o.head.size();
-  auto sent = client.Send(r, deadline);
-  const std::string what = "s3://" + client.options().bucket + "/" + full_key;
-  if (!sent.ok() && sent.status().code() == Code::kDataLoss)  // more bytes than asked for
-    return Status(Code::kUnavailable, what +
-                                          ": the server sent the whole object for a range of "
-                                          "it (does it, or a proxy, ignore Range?)");
-  CKPTIO_ASSIGN_OR_RETURN(Response got, std::move(sent));
+  CKPTIO_ASSIGN_OR_RETURN(Response got, SendRange(client, r, full_key, 0, o.head.data(),
+                                                  o.head.size(), deadline, what));
   if (got.status == 416) {  // an empty object has no byte 0 to send
     CKPTIO_ASSIGN_OR_RETURN(o.size, Head(client, full_key, deadline));
     o.head.clear();
@@ -191,8 +192,8 @@ Status UploadPart(Client& client, const std::string& key, const std::string& id,
   if (got.status != 200) return client.Failure(r, got);
   *etag = got.Header("etag");
   if (etag->empty())
-    return Status(Code::kUnavailable, "s3://" + client.options().bucket + "/" + key + ": part " +
-                                          std::to_string(number) + " was stored without an ETag");
+    return Status(Code::kUnavailable, client.Where(key) + ": part " + std::to_string(number) +
+                                          " was stored without an ETag");
   return OkStatus();
 }
 
@@ -291,7 +292,7 @@ class S3Writer : public ObjectWriter {
   }
 
  private:
-  std::string Where() const { return "s3://" + client_->options().bucket + "/" + key_; }
+  std::string Where() const { return client_->Where(key_); }
 
   Status Fail(Status s) {
     error_ = s;
@@ -476,10 +477,10 @@ class S3Reader : public ObjectReader {
 
   Status ReadAt(uint64_t offset, void* buf, size_t size) override {
     if (offset > size_ || size > size_ - offset)
-      return Status(Code::kDataLoss, "s3://" + client_->options().bucket + "/" + key_ +
-                                         ": bytes [" + std::to_string(offset) + ", " +
-                                         std::to_string(offset + size) + ") are past its end (" +
-                                         std::to_string(size_) + " bytes)");
+      return Status(Code::kDataLoss, client_->Where(key_) + ": bytes [" + std::to_string(offset) +
+                                         ", " + std::to_string(offset + size) +
+                                         ") are past its end (" + std::to_string(size_) +
+                                         " bytes)");
     if (size == 0) return OkStatus();
     if (offset + size <= head_.size()) {  // fetched when opened
       std::memcpy(buf, head_.data() + offset, size);
@@ -570,8 +571,8 @@ Status PutExclusive(Client& client, const std::string& full_key, std::string_vie
         return OkStatus();
     }
   }
-  return Status(Code::kAlreadyExists, "s3://" + client.options().bucket + "/" + full_key +
-                                          " already exists (created by another writer)");
+  return Status(Code::kAlreadyExists,
+                client.Where(full_key) + " already exists (created by another writer)");
 }
 
 Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, WriteMode mode) {
