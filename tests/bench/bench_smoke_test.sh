@@ -5,8 +5,10 @@ set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$bin/ckptio-bench" --dir "$tmp/data" --size 2 --repeat 1 --json "$tmp/out.json" >"$tmp/log" 2>&1 ||
-  { cat "$tmp/log"; echo "FAIL: ckptio-bench failed"; exit 1; }
+# --keep-broken: at 2 MiB a warm load may lose to its cold twin by chance,
+# which the sanity checks would rightly call a broken run.
+"$bin/ckptio-bench" --dir "$tmp/data" --size 2 --repeat 1 --keep-broken --json "$tmp/out.json" \
+  >"$tmp/log" 2>&1 || { cat "$tmp/log"; echo "FAIL: ckptio-bench failed"; exit 1; }
 /usr/bin/python3 - "$tmp/out.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -35,5 +37,28 @@ if "ckptio_save_hashed_tmpfs" in large:  # where /dev/shm has room
     assert large["ckptio_save_unhashed_tmpfs"] > 0
     assert -1 < d["checksum_share_of_save_tmpfs"] < 1, d["checksum_share_of_save_tmpfs"]
 assert d["machine"]["cores"] >= 1
+assert isinstance(d["sanity"]["ok"], bool) and isinstance(d["sanity"]["failures"], list)
+assert d["sanity"]["ok"] == (not d["sanity"]["failures"])
+for shape in ("large", "small"):
+    s = d["shapes"][shape]
+    for k, med in s["seconds"].items():
+        assert s["min"][k] <= med <= s["max"][k], (shape, k)
+        assert isinstance(s["noisy"][k], bool)
 print("bench smoke: %d ratios, every contender timed for both shapes" % len(d["ratios"]))
+PY
+
+# A run its own checks call broken (a warm load made slower than its cold
+# twin by the test hook) prints no ratios, says why and exits 3.
+rc=0
+CKPTIO_BENCH_TEST_SLOW_WARM_LOAD=1 "$bin/ckptio-bench" --dir "$tmp/data" --size 2 --repeat 1 \
+  --no-python --stripe-ranks 0 --json "$tmp/broken.json" >"$tmp/log" 2>&1 || rc=$?
+[ "$rc" = 3 ] || { cat "$tmp/log"; echo "FAIL: a broken run exited $rc, not 3"; exit 1; }
+grep -q "ratios withheld" "$tmp/log" || { cat "$tmp/log"; echo "FAIL: no 'ratios withheld'"; exit 1; }
+grep -q "ckptio_load (warm" "$tmp/log" || { cat "$tmp/log"; echo "FAIL: the reason is not named"; exit 1; }
+/usr/bin/python3 - "$tmp/broken.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["sanity"]["ok"] is False and d["sanity"]["failures"], d["sanity"]
+assert "ratios" not in d, "a broken run's JSON holds ratios"
+print("bench smoke: a broken run withholds its ratios")
 PY

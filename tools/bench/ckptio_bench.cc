@@ -1,8 +1,10 @@
 // ckptio-bench: ckptio against raw I/O, torch::save/load and Python
-// torch.save/load on the same bytes, in one run, contenders alternating,
-// medians of --repeat runs; and the Python package (when it is built beside
-// the binary, in <build>/python) against torch.save/load in Python. Prints
-// a table and, with --json, the numbers.
+// torch.save/load on the same bytes, in one run, contenders in an order
+// rotated every repeat, min / median / max of --repeat runs; and the Python
+// package (when it is built beside the binary, in <build>/python) against
+// torch.save/load in Python. Prints a table and, with --json, the numbers;
+// a run that fails its own sanity checks (bench_stats.h) prints no ratios
+// and exits 3.
 //
 //   ckptio-bench [--dir DIR] [--size MiB] [--repeat N] [--json FILE]
 //                [--nfs nfs://server/export?version=3&nfsport=N&mountport=N]
@@ -29,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +41,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench_stats.h"
 #include "ckptio/backends.h"
 #include "ckptio/hash.h"
 #if CKPTIO_BENCH_S3
@@ -147,11 +151,6 @@ void Describe(const std::string& dir, json& out) {
       commit += "-dirty";
   }
   out["commit"] = commit.empty() ? json(nullptr) : json(commit);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 const char* kPython = R"PY(
@@ -413,6 +412,11 @@ void RemoveS3Store(const std::string& store) {
 }
 #endif
 
+// Runs `group` starting with its (r mod size)-th member, wrapping around.
+void RunRotated(std::vector<std::function<void()>>& group, int r) {
+  for (size_t i = 0; i < group.size(); ++i) group[(static_cast<size_t>(r) + i) % group.size()]();
+}
+
 // Opening the store (rank 0 takes the writer lock) is outside the timed
 // region of a save and of a load alike: a trainer opens once, then saves
 // and loads through the open Checkpointer. (Each contender opens its own,
@@ -532,7 +536,7 @@ void GpuBench(const std::string& dir, const std::string& device_name, int64_t si
   std::printf("\ngpu (%s): 8 tensors, %.3f GiB on the device, median of %d\n", device_name.c_str(),
               gib, repeat);
   for (const auto& [name, v] : t) {
-    const double m = Median(v);
+    const double m = ckptio::bench::Summarize(v).median;
     js["seconds"][name] = m;
     js["gib_per_s"][name] = gib / m;
     std::printf("  %-26s %10.3f %10.3f\n", name.c_str(), m, gib / m);
@@ -691,6 +695,10 @@ int main(int argc, char** argv) {
                  "AWS_* variables), against raw libcurl PUT/GET of the same bytes");
 #endif
   app.add_flag("--no-python", no_python, "skip Python: torch.save/load and the ckptio package");
+  bool keep_broken = false;
+  app.add_flag("--keep-broken", keep_broken,
+               "print ratios (marked) even when the run fails its own sanity checks; without "
+               "it such a run prints none and exits 3");
   std::string gpu;
   app.add_option("--gpu", gpu,
                  "only measure the CUDA paths on this device (e.g. cuda:0): async save of "
@@ -734,6 +742,7 @@ int main(int argc, char** argv) {
   Describe(dir, out);
   out["size_mib"] = size_mib;
   out["repeat"] = repeat;
+  std::vector<std::string> broken;  // the sanity checks' verdicts, "shape: why"
 
   for (const Shape& shape : shapes) {
     const std::vector<torch::Tensor> tensors = MakeTensors(shape);
@@ -778,70 +787,87 @@ int main(int argc, char** argv) {
             Seconds([&] { done = async_ckpt->SaveAsync(r + 1, async_state); }));
         Check(done.get(), "ckptio SaveAsync");
       }
-      // raw write + fsync: the durable limit.
-      RemoveAndSettle(raw);
-      t["raw_write"].push_back(Seconds([&] {
-        int fd = ::open(raw.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) Die("open " + raw);
-        for (const auto& x : tensors)
-          WriteAll(fd, static_cast<const char*>(x.data_ptr()), x.nbytes());
-        if (::fsync(fd) != 0) Die("fsync");
-        ::close(fd);
-        FsyncPath(dir);  // the new name, as ckptio's recipe does
-      }));
-      // The same with writeback started every 8 MiB (sync_file_range), as
-      // ckptio's POSIX backend does: the fair limit for a careful writer.
-      RemoveAndSettle(raw);
-      t["raw_write_behind"].push_back(Seconds([&] {
-        int fd = ::open(raw.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) Die("open " + raw);
-        off_t started = 0, written = 0;
-        for (const auto& x : tensors) {
-          const char* p = static_cast<const char*>(x.data_ptr());
-          for (size_t done = 0; done < x.nbytes();) {
-            size_t n = std::min<size_t>(8 << 20, x.nbytes() - done);
-            WriteAll(fd, p + done, n);
-            done += n;
-            written += static_cast<off_t>(n);
-            if (written - started >= (8 << 20)) {
-              ::sync_file_range(fd, started, written - started, SYNC_FILE_RANGE_WRITE);
-              started = written;
-            }
-          }
-        }
-        if (::fsync(fd) != 0) Die("fsync");
-        ::close(fd);
-        FsyncPath(dir);
-      }));
-      // ckptio save (a fresh store each time: retention stays out of it).
+      // Each group's contenders run in an order rotated by one every repeat,
+      // so that none always follows the same, heavier one (its writeback,
+      // its page cache). Each starts from a settled file system: what it
+      // replaces removed, and the removal's TRIMs done (RemoveAndSettle).
       const std::string store = dir + "/store";
-      RemoveAndSettle(store);
       std::vector<torch::Tensor> mine = LoadTargets(tensors);
       ckptio::State state = StateOf(mine);
-      CkptioSave(store, state, &t["ckptio_save"]);
-      RemoveAndSettle(tpt);
-      t["torch_save"].push_back(Seconds([&] {
-        torch::save(tensors, tpt);
-        FsyncPath(tpt);
-        FsyncPath(dir);
-      }));
+      std::vector<std::function<void()>> saves;
+      // raw write + fsync: the durable limit.
+      saves.push_back([&] {
+        RemoveAndSettle(raw);
+        t["raw_write"].push_back(Seconds([&] {
+          int fd = ::open(raw.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+          if (fd < 0) Die("open " + raw);
+          for (const auto& x : tensors)
+            WriteAll(fd, static_cast<const char*>(x.data_ptr()), x.nbytes());
+          if (::fsync(fd) != 0) Die("fsync");
+          ::close(fd);
+          FsyncPath(dir);  // the new name, as ckptio's recipe does
+        }));
+      });
+      // The same with writeback started every 8 MiB (sync_file_range), as
+      // ckptio's POSIX backend does: the fair limit for a careful writer.
+      saves.push_back([&] {
+        RemoveAndSettle(raw);
+        t["raw_write_behind"].push_back(Seconds([&] {
+          int fd = ::open(raw.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+          if (fd < 0) Die("open " + raw);
+          off_t started = 0, written = 0;
+          for (const auto& x : tensors) {
+            const char* p = static_cast<const char*>(x.data_ptr());
+            for (size_t done = 0; done < x.nbytes();) {
+              size_t n = std::min<size_t>(8 << 20, x.nbytes() - done);
+              WriteAll(fd, p + done, n);
+              done += n;
+              written += static_cast<off_t>(n);
+              if (written - started >= (8 << 20)) {
+                ::sync_file_range(fd, started, written - started, SYNC_FILE_RANGE_WRITE);
+                started = written;
+              }
+            }
+          }
+          if (::fsync(fd) != 0) Die("fsync");
+          ::close(fd);
+          FsyncPath(dir);
+        }));
+      });
+      // ckptio save (a fresh store each time: retention stays out of it).
+      saves.push_back([&] {
+        RemoveAndSettle(store);
+        CkptioSave(store, state, &t["ckptio_save"]);
+      });
+      saves.push_back([&] {
+        RemoveAndSettle(tpt);
+        t["torch_save"].push_back(Seconds([&] {
+          torch::save(tensors, tpt);
+          FsyncPath(tpt);
+          FsyncPath(dir);
+        }));
+      });
       if (!no_python) {
-        RemoveAndSettle(pypt);
-        t["python_save"].push_back(Python("save", raw, pypt, shape, script));
+        saves.push_back([&] {
+          RemoveAndSettle(pypt);
+          t["python_save"].push_back(Python("save", raw, pypt, shape, script));
+        });
       }
       // The Python package on the same tensors: save, warm load, async stall.
-      const std::string pystore = dir + "/py-store";
       if (py_package) {
-        RemoveAndSettle(pystore);
-        t["python_ckptio_save"].push_back(Python("pkg_save", raw, pystore, shape, script));
-        t["python_ckptio_load"].push_back(Python("pkg_load", raw, pystore, shape, script));
-        RemoveAndSettle(pystore);
-        const auto async = PythonRun("pkg_async", raw, pystore, shape, script, 2);
-        t["python_ckptio_save_async_stall"].push_back(async[0]);
-        t["python_memcpy"].push_back(async[1]);
-        fs::remove_all(pystore);
+        saves.push_back([&] {
+          const std::string pystore = dir + "/py-store";
+          RemoveAndSettle(pystore);
+          t["python_ckptio_save"].push_back(Python("pkg_save", raw, pystore, shape, script));
+          t["python_ckptio_load"].push_back(Python("pkg_load", raw, pystore, shape, script));
+          RemoveAndSettle(pystore);
+          const auto async = PythonRun("pkg_async", raw, pystore, shape, script, 2);
+          t["python_ckptio_save_async_stall"].push_back(async[0]);
+          t["python_memcpy"].push_back(async[1]);
+          fs::remove_all(pystore);
+        });
       }
-      // Warm loads.
+      RunRotated(saves, r);
       std::vector<char> buf(static_cast<size_t>(fs::file_size(raw)));
       auto raw_read = [&] {
         int fd = ::open(raw.c_str(), O_RDONLY);
@@ -852,49 +878,74 @@ int main(int argc, char** argv) {
         }
         ::close(fd);
       };
-      t["raw_read"].push_back(Seconds(raw_read));
-      CkptioLoad(store, state, &t["ckptio_load"]);
+      // Warm loads.
+      std::vector<std::function<void()>> warm = {
+          [&] { t["raw_read"].push_back(Seconds(raw_read)); },
+          [&] {
+            CkptioLoad(store, state, &t["ckptio_load"]);
+            if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes");
+            // Test hook (tests/bench/bench_smoke_test.sh): a warm load made
+            // 50 ms slower, so that the sanity checks must refuse the run.
+            if (std::getenv("CKPTIO_BENCH_TEST_SLOW_WARM_LOAD")) t["ckptio_load"].back() += 0.05;
+          },
+          [&] {
+            t["torch_load"].push_back(Seconds([&] {
+              std::vector<torch::Tensor> back;
+              torch::load(back, tpt);
+            }));
+          }};
       // Into a module whose parameters exist already (the usual resume):
       // ckptio copies into them instead of handing out mapped tensors.
       if (shape.name == "large") {
-        const std::string mod_store = dir + "/module-store";
-        fs::remove_all(mod_store);
-        auto module = std::make_shared<torch::nn::Module>();
-        for (size_t i = 0; i < tensors.size(); ++i)
-          module->register_parameter("t" + std::to_string(i), tensors[i].clone(), false);
-        ckptio::State mstate{{"model", *module}};
-        std::vector<double> unused;
-        CkptioSave(mod_store, mstate, &unused);
-        for (auto& p : module->parameters()) p.data().zero_();
-        CkptioLoad(mod_store, mstate, &t["ckptio_load_module"]);
-        if (!torch::equal(module->parameters().back(), tensors.back()))
-          Die("ckptio loaded different bytes into the module");
-        fs::remove_all(mod_store);
+        warm.push_back([&] {
+          const std::string mod_store = dir + "/module-store";
+          fs::remove_all(mod_store);
+          auto module = std::make_shared<torch::nn::Module>();
+          for (size_t i = 0; i < tensors.size(); ++i)
+            module->register_parameter("t" + std::to_string(i), tensors[i].clone(), false);
+          ckptio::State mstate{{"model", *module}};
+          std::vector<double> unused;
+          CkptioSave(mod_store, mstate, &unused);
+          for (auto& p : module->parameters()) p.data().zero_();
+          CkptioLoad(mod_store, mstate, &t["ckptio_load_module"]);
+          if (!torch::equal(module->parameters().back(), tensors.back()))
+            Die("ckptio loaded different bytes into the module");
+          fs::remove_all(mod_store);
+        });
       }
-      t["torch_load"].push_back(Seconds([&] {
-        std::vector<torch::Tensor> back;
-        torch::load(back, tpt);
-      }));
-      if (!no_python) t["python_load"].push_back(Python("load", raw, pypt, shape, script));
-      // Cold loads.
-      DropCache(raw);
-      t["raw_read_cold"].push_back(Seconds(raw_read));
-      // The warm load's tensors map the store's files: drop them, or the
-      // kernel cannot evict those pages.
+      if (!no_python)
+        warm.push_back(
+            [&] { t["python_load"].push_back(Python("load", raw, pypt, shape, script)); });
+      RunRotated(warm, r);
+      // Cold loads. The warm load's tensors map the store's files: drop
+      // them, or the kernel cannot evict those pages.
       for (auto& m : mine) m = torch::Tensor();
-      auto cold = OpenStore(store);  // opened first: the open reads LATEST and .writer
-      DropCache(store);
-      CkptioLoad(*cold, store, state, &t["ckptio_load_cold"]);
-      if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes");
-      DropCache(tpt);
-      t["torch_load_cold"].push_back(Seconds([&] {
-        std::vector<torch::Tensor> back;
-        torch::load(back, tpt);
-      }));
+      std::vector<std::function<void()>> cold = {
+          [&] {
+            DropCache(raw);
+            t["raw_read_cold"].push_back(Seconds(raw_read));
+          },
+          [&] {
+            auto ckpt = OpenStore(store);  // opened first: the open reads LATEST and .writer
+            DropCache(store);
+            CkptioLoad(*ckpt, store, state, &t["ckptio_load_cold"]);
+            if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes");
+            for (auto& m : mine) m = torch::Tensor();
+          },
+          [&] {
+            DropCache(tpt);
+            t["torch_load_cold"].push_back(Seconds([&] {
+              std::vector<torch::Tensor> back;
+              torch::load(back, tpt);
+            }));
+          }};
       if (!no_python) {
-        DropCache(pypt);
-        t["python_load_cold"].push_back(Python("load", raw, pypt, shape, script));
+        cold.push_back([&] {
+          DropCache(pypt);
+          t["python_load_cold"].push_back(Python("load", raw, pypt, shape, script));
+        });
       }
+      RunRotated(cold, r);
     }
     if (shape.name == "large") ChecksumPairs(dir, shm, shape, repeat, t);
     if (stripe_ranks > 1 && shape.name == "large")
@@ -938,17 +989,26 @@ int main(int argc, char** argv) {
     json& js = out["shapes"][shape.name];
     js["tensors"] = shape.count;
     js["gib"] = gib;
-    std::printf("\n%s: %lld tensors, %.3f GiB, median of %d\n", shape.name.c_str(),
-                static_cast<long long>(shape.count), gib, repeat);
-    std::printf("  %-18s %10s %10s\n", "contender", "seconds", "GiB/s");
+    std::printf("\n%s: %lld tensors, %.3f GiB, %d run(s) each (seconds; GiB/s of the median)\n",
+                shape.name.c_str(), static_cast<long long>(shape.count), gib, repeat);
+    std::printf("  %-32s %9s %9s %9s %9s\n", "contender", "min", "median", "max", "GiB/s");
     for (const auto& [name, v] : t) {
-      const double m = Median(v);
-      js["seconds"][name] = m;
-      js["gib_per_s"][name] = gib / m;
+      const ckptio::bench::Summary m = ckptio::bench::Summarize(v);
+      js["seconds"][name] = m.median;
+      js["min"][name] = m.min;
+      js["max"][name] = m.max;
+      js["spread"][name] = m.spread;
+      js["noisy"][name] = m.noisy;
+      js["gib_per_s"][name] = gib / m.median;
       js["runs"][name] = v;
-      std::printf("  %-18s %10.3f %10.3f\n", name.c_str(), m, gib / m);
+      std::printf("  %-32s %9.4f %9.4f %9.4f %9.3f%s\n", name.c_str(), m.min, m.median, m.max,
+                  gib / m.median, m.noisy ? "  noisy" : "");
     }
+    for (const std::string& why : ckptio::bench::SanityFailures(t))
+      broken.push_back(shape.name + ": " + why);
   }
+  out["sanity"]["ok"] = broken.empty();
+  out["sanity"]["failures"] = broken;
   auto sec = [&](const char* shape, const char* what) {
     return out["shapes"][shape]["seconds"].value(what, 0.0);
   };
@@ -1025,7 +1085,23 @@ int main(int argc, char** argv) {
                   100 * share);
     }
   }
-  std::printf("\nratios (>1: ckptio faster; speed ratio = other's time / ckptio's time)\n");
+  if (!broken.empty()) {
+    std::printf(
+        "\nthis run is broken by its own checks (noisy: a contender's runs span more than "
+        "%.0f %% of their median):\n",
+        100 * ckptio::bench::kNoisySpread);
+    for (const auto& why : broken) std::printf("  %s\n", why.c_str());
+    if (!keep_broken) {
+      std::printf("ratios withheld: run again on a quieter machine (--keep-broken prints them)\n");
+      out.erase("ratios");
+      if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+      fs::remove_all(dir);
+      if (!shm.empty()) fs::remove_all(shm);
+      return 3;
+    }
+  }
+  std::printf("\nratios (>1: ckptio faster; speed ratio = other's time / ckptio's time)%s\n",
+              broken.empty() ? "" : ", FROM A BROKEN RUN");
   for (auto it = ratios.begin(); it != ratios.end(); ++it) {
     if (it->is_null())
       std::printf("  %-32s n/a (not implemented)\n", it.key().c_str());

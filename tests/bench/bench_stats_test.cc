@@ -1,0 +1,62 @@
+// The bench's verdicts on its own timings (tools/bench/bench_stats.h): a
+// run whose warm load is slower than its cold twin, or whose two identical
+// saves disagree beyond their noise, is broken; noise alone is not.
+#include "bench/bench_stats.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using ckptio::bench::SanityFailures;
+using ckptio::bench::Summarize;
+
+TEST(BenchStatsTest, ASummaryHasMinMedianMaxAndFlagsAWideSpread) {
+  auto s = Summarize({0.30, 0.10, 0.20});
+  EXPECT_DOUBLE_EQ(s.min, 0.10);
+  EXPECT_DOUBLE_EQ(s.median, 0.20);
+  EXPECT_DOUBLE_EQ(s.max, 0.30);
+  EXPECT_DOUBLE_EQ(s.spread, 1.0);
+  EXPECT_TRUE(s.noisy);
+  auto tight = Summarize({1.00, 1.05, 0.98});
+  EXPECT_FALSE(tight.noisy);
+  auto one = Summarize({0.5});
+  EXPECT_DOUBLE_EQ(one.spread, 0);
+  EXPECT_FALSE(one.noisy);
+}
+
+TEST(BenchStatsTest, AWarmLoadSlowerThanItsColdTwinBreaksTheRun) {
+  // The run issue 27 reported: 1 GiB, ckptio_load 0.296 s warm, 0.084 s cold.
+  auto failures = SanityFailures({{"ckptio_load", {0.296, 0.30, 0.29}},
+                                  {"ckptio_load_cold", {0.084, 0.09, 0.08}},
+                                  {"raw_read", {0.07, 0.08, 0.07}},
+                                  {"raw_read_cold", {0.30, 0.31, 0.33}}});
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_NE(failures[0].find("ckptio_load (warm"), std::string::npos) << failures[0];
+  EXPECT_NE(failures[0].find("ckptio_load_cold"), std::string::npos) << failures[0];
+}
+
+TEST(BenchStatsTest, AWarmLoadWithinTheSlackOfItsColdTwinIsNotBroken) {
+  EXPECT_TRUE(SanityFailures({{"torch_load", {0.105}}, {"torch_load_cold", {0.100}}}).empty());
+  EXPECT_FALSE(SanityFailures({{"torch_load", {0.115}}, {"torch_load_cold", {0.100}}}).empty());
+}
+
+TEST(BenchStatsTest, IdenticalSavesApartBeyondTheirNoiseBreakTheRun) {
+  // Issue 27's run: ckptio_save 1.371 s against ckptio_save_hashed 0.484 s.
+  auto failures = SanityFailures(
+      {{"ckptio_save", {1.37, 1.40, 1.35}}, {"ckptio_save_hashed", {0.484, 0.49, 0.48}}});
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_NE(failures[0].find("do the same work"), std::string::npos) << failures[0];
+  // As far apart, but each spread over more than that: noise, not a fault.
+  EXPECT_TRUE(SanityFailures(
+                  {{"ckptio_save", {0.40, 1.37, 2.10}}, {"ckptio_save_hashed", {0.35, 0.48, 1.80}}})
+                  .empty());
+  EXPECT_TRUE(SanityFailures({{"ckptio_save", {0.40, 0.41}}, {"ckptio_save_hashed", {0.45, 0.44}}})
+                  .empty());
+}
+
+TEST(BenchStatsTest, ContendersThatDidNotRunAreNotChecked) {
+  EXPECT_TRUE(SanityFailures({{"ckptio_load", {9.0}}}).empty());
+  EXPECT_TRUE(SanityFailures({{"ckptio_load", {9.0}}, {"ckptio_load_cold", {}}}).empty());
+}
+
+}  // namespace
