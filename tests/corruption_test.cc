@@ -113,6 +113,30 @@ TEST_F(CorruptionTest, EveryBitFlipInTheManifestIsDetected) {
   CKPTIO_EXPECT_OK(store_->OpenLatest().status());
 }
 
+// Verify hashes a mapped object's chunks on helper threads while the
+// calling thread hashes the whole of it: with several chunks damaged, the
+// one reported is still the lowest, whichever thread found it first, and
+// an intact object reports progress over all of its bytes, once.
+TEST_F(CorruptionTest, VerifyNamesTheLowestDamagedChunkOfMany) {
+  const auto& [name, bytes] = objects_[0];  // big.bin: 17 chunks
+  uint64_t reported = 0;
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
+    CKPTIO_EXPECT_OK(r->VerifyObject(name, [&](uint64_t n) { reported += n; }));
+  }
+  EXPECT_EQ(reported, bytes.size());
+  for (uint64_t lowest : {uint64_t{16}, uint64_t{9}, uint64_t{3}, uint64_t{0}}) {
+    FlipBit(Path(name), lowest * kChunk + 5, 2);  // the later flips stay
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
+    for (int i = 0; i < 5; ++i) {
+      Status s = r->VerifyObject(name);
+      EXPECT_EQ(s.code(), Code::kDataLoss);
+      EXPECT_NE(s.message().find("(chunk " + std::to_string(lowest) + " of 17)"), std::string::npos)
+          << s;
+    }
+  }
+}
+
 TEST_F(CorruptionTest, EveryBitFlipInLatestIsDetected) {
   const std::string path = root_ + "/LATEST";
   const uint64_t size = testing::ReadFile(path).size();

@@ -92,7 +92,10 @@ class CKPTIO_EXPORT CheckpointReader {
   // returned on a mismatch).
   Result<std::shared_ptr<ObjectView>> View(std::string_view name, unsigned threads = 0);
 
-  // Reads and checks every chunk and the whole-object hash of `name`.
+  // Reads and checks every chunk and the whole-object hash of `name`. On a
+  // map (local files), chunks are hashed on up to 3 helper threads while the
+  // calling thread hashes the whole object and reports progress; elsewhere
+  // chunk by chunk on the calling thread, one chunk's buffer in memory.
   Status VerifyObject(std::string_view name, const ProgressFn& progress = {});
   // VerifyObject for every object; the first error.
   Status Verify(const ProgressFn& progress = {});

@@ -15,7 +15,8 @@ d = json.load(open(sys.argv[1]))
 need = ["save_vs_raw_write", "load_vs_torch_load", "load_vs_raw_read", "save_vs_torch_save",
         "async_stall_vs_sync_save", "small_tensors_save_vs_raw_write", "save_vs_python_save",
         "load_vs_python_load", "async_stall_vs_memcpy", "module_load_vs_raw_read",
-        "striped_save_vs_rank0_save_4ranks", "load_vs_torch_load_cold", "load_vs_python_load_cold"]
+        "striped_save_vs_rank0_save_4ranks", "load_vs_torch_load_cold", "load_vs_python_load_cold",
+        "load_vs_raw_read_cold", "small_tensors_load_vs_raw_read"]
 missing = [k for k in need if k not in d["ratios"]]
 assert not missing, "missing ratios: %s" % missing
 for shape in ("large", "small"):

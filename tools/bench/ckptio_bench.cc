@@ -1031,6 +1031,9 @@ int main(int argc, char** argv) {
       sec("large", "memcpy") / sec("large", "ckptio_save_async_stall");
   ratios["load_vs_torch_load_cold"] =
       sec("large", "torch_load_cold") / sec("large", "ckptio_load_cold");
+  ratios["load_vs_raw_read_cold"] =
+      sec("large", "raw_read_cold") / sec("large", "ckptio_load_cold");
+  ratios["small_tensors_load_vs_raw_read"] = sec("small", "raw_read") / sec("small", "ckptio_load");
   if (py_package) {
     // The Python package against torch.save (+ fsync) and torch.load of the
     // same tensors, both in Python (targets: >= 2, >= 5; the stall <= 1.5x
