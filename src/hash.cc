@@ -1,10 +1,9 @@
 // Hash128, and XXH3-128 of a buffer at once (the streaming Hasher: hasher.cc).
 #include "ckptio/hash.h"
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include <cstring>
+
+#include "xxh3_dispatch.h"
 
 namespace ckptio {
 
@@ -39,9 +38,29 @@ std::optional<Hash128> Hash128::FromHex(std::string_view hex) {
   return h;
 }
 
-Hash128 HashBytes(const void* data, size_t size) {
-  const XXH128_hash_t h = XXH3_128bits(data, size);
-  return Hash128{h.high64, h.low64};
+Hash128 HashBytes(const void* data, size_t size) { return internal::Xxh3().hash(data, size); }
+
+namespace internal {
+extern const Xxh3Kernel kXxh3Baseline;
+#if defined(__x86_64__)
+extern const Xxh3Kernel kXxh3Avx2;
+extern const Xxh3Kernel kXxh3Avx512;
+#endif
+
+std::vector<const Xxh3Kernel*> Xxh3Kernels() {
+  std::vector<const Xxh3Kernel*> out = {&kXxh3Baseline};
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) out.push_back(&kXxh3Avx2);
+  if (__builtin_cpu_supports("avx512f")) out.push_back(&kXxh3Avx512);
+#endif
+  return out;
 }
+
+const Xxh3Kernel& Xxh3() {
+  static const Xxh3Kernel& best = *Xxh3Kernels().back();
+  return best;
+}
+}  // namespace internal
 
 }  // namespace ckptio

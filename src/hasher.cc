@@ -3,13 +3,15 @@
 // Hasher that does no work in for it: tools/bench/null_hasher.cc).
 #include "ckptio/hash.h"
 
-#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t's definition
 #include <xxhash.h>
+
+#include "xxh3_dispatch.h"
 
 namespace ckptio {
 
 struct Hasher::State {
-  XXH3_state_t xxh;
+  XXH3_state_t xxh;  // used only through internal::Xxh3()
 };
 
 Hasher::Hasher() : state_(std::make_unique<State>()) { Reset(); }
@@ -18,14 +20,11 @@ Hasher::Hasher(Hasher&&) noexcept = default;
 Hasher& Hasher::operator=(Hasher&&) noexcept = default;
 
 void Hasher::Update(const void* data, size_t size) {
-  XXH3_128bits_update(&state_->xxh, data, size);
+  internal::Xxh3().update(&state_->xxh, data, size);
 }
 
-Hash128 Hasher::Digest() const {
-  const XXH128_hash_t h = XXH3_128bits_digest(&state_->xxh);
-  return Hash128{h.high64, h.low64};
-}
+Hash128 Hasher::Digest() const { return internal::Xxh3().digest(&state_->xxh); }
 
-void Hasher::Reset() { XXH3_128bits_reset(&state_->xxh); }
+void Hasher::Reset() { internal::Xxh3().reset(&state_->xxh); }
 
 }  // namespace ckptio
