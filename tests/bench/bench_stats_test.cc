@@ -35,9 +35,15 @@ TEST(BenchStatsTest, AWarmLoadSlowerThanItsColdTwinBreaksTheRun) {
   EXPECT_NE(failures[0].find("ckptio_load_cold"), std::string::npos) << failures[0];
 }
 
-TEST(BenchStatsTest, AWarmLoadWithinTheSlackOfItsColdTwinIsNotBroken) {
+TEST(BenchStatsTest, AWarmLoadWithinTheNoiseOfItsColdTwinIsNotBroken) {
   EXPECT_TRUE(SanityFailures({{"torch_load", {0.105}}, {"torch_load_cold", {0.100}}}).empty());
   EXPECT_FALSE(SanityFailures({{"torch_load", {0.115}}, {"torch_load_cold", {0.100}}}).empty());
+  // A run seen at 256 MiB: torch::load of 10,000 tensors is CPU work, warm
+  // or cold, and its runs spread over 44 %: the warm median above the
+  // cold one is noise.
+  EXPECT_TRUE(SanityFailures({{"torch_load", {0.618, 0.758, 0.776}},
+                              {"torch_load_cold", {0.534, 0.581, 0.789}}})
+                  .empty());
 }
 
 TEST(BenchStatsTest, IdenticalSavesApartBeyondTheirNoiseBreakTheRun) {

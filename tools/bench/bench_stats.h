@@ -40,8 +40,9 @@ inline Summary Summarize(std::vector<double> runs) {
 // Why one shape's timings (contender -> seconds of each run) cannot be
 // trusted; empty when they can. Checked where both contenders ran:
 //   * a warm load slower than its cold twin (the same load after the page
-//     cache was dropped) by more than kWarmSlack: the warm path, or the
-//     measurement, pays for something it should not;
+//     cache was dropped) by more than their noise (the larger spread of the
+//     two, at least kWarmSlack): the warm path, or the measurement, pays
+//     for something it should not;
 //   * two contenders that do the same work (an in-process save and the same
 //     save by a child process) apart by more than their noise (the larger
 //     spread of the two, at least kNoisySpread): what ran before one of
@@ -64,9 +65,11 @@ inline std::vector<std::string> SanityFailures(
     const auto* c = summary(cold);
     if (!w || !c) continue;
     const Summary sw = Summarize(*w), sc = Summarize(*c);
-    if (sw.median > sc.median * (1 + kWarmSlack))
-      out.push_back(fmt("%s (warm, median %.4f s) is slower than %s (median %.4f s)", warm,
-                        sw.median, cold.c_str(), sc.median));
+    const double noise = std::max({kWarmSlack, sw.spread, sc.spread});
+    if (sw.median > sc.median * (1 + noise))
+      out.push_back(fmt("%s (warm, median %.4f s) is slower than %s (median %.4f s) by more "
+                        "than their noise (%.0f %%)",
+                        warm, sw.median, cold.c_str(), sc.median, 100 * noise));
   }
   const std::pair<const char*, const char*> same[] = {{"ckptio_save", "ckptio_save_hashed"}};
   for (const auto& [a, b] : same) {
