@@ -74,6 +74,25 @@ Result<const ObjectEntry*> FindObject(const Manifest& m, std::string_view name,
                                      " has no object \"" + Printable(name) +
                                      "\"; it has: " + (names.empty() ? "none" : names));
 }
+
+// "store URI, step N, object NAME", for messages.
+std::string ObjectWhere(const std::string& uri, int64_t step, const ObjectEntry& e) {
+  return "store " + uri + ", step " + std::to_string(step) + ", object " + e.name;
+}
+
+// Offset and length of chunk `c` of `e`.
+std::pair<uint64_t, uint64_t> ChunkRange(const ObjectEntry& e, uint64_t c) {
+  const uint64_t lo = c * e.chunk_size;
+  return {lo, std::min(e.chunk_size, e.size - lo)};
+}
+
+// Lowers `lowest` to `c` if `c` is lower: threads that each find a bad
+// chunk leave the lowest one to be reported.
+void LowerTo(std::atomic<uint64_t>& lowest, uint64_t c) {
+  uint64_t prev = lowest.load();
+  while (c < prev && !lowest.compare_exchange_weak(prev, c)) {
+  }
+}
 }  // namespace
 
 Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf, size_t size) {
@@ -94,8 +113,7 @@ Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf,
   const uint64_t end = offset + size;
   Status s;
   for (uint64_t c = offset / e->chunk_size; s.ok() && c * e->chunk_size < end; ++c) {
-    const uint64_t lo = c * e->chunk_size;
-    const uint64_t len = std::min(e->chunk_size, e->size - lo);
+    const auto [lo, len] = ChunkRange(*e, c);
     const uint64_t want_lo = std::max(offset, lo);
     const uint64_t want_hi = std::min(end, lo + len);
     // Whole chunks land directly in the caller's buffer; partial ones go
@@ -183,12 +201,7 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
                                                            unsigned threads) {
   CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
   CKPTIO_ASSIGN_OR_RETURN(ObjectReader * reader, Open(*e));
-  const std::string where =
-      "store " + backend_->Uri() + ", step " + std::to_string(step()) + ", object " + e->name;
-  auto chunk_range = [&](uint64_t c) {
-    const uint64_t lo = c * e->chunk_size;
-    return std::make_pair(lo, std::min(e->chunk_size, e->size - lo));
-  };
+  const std::string where = ObjectWhere(backend_->Uri(), step(), *e);
   auto mapped = reader->Map();
   if (!mapped.ok() && mapped.status().code() != Code::kUnimplemented)
     return mapped.status().WithContext(where);
@@ -229,7 +242,7 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
   Status failed = OkStatus();
   auto work = [&] {
     for (uint64_t c; (c = next.fetch_add(1)) < n;) {
-      auto [lo, len] = chunk_range(c);
+      auto [lo, len] = ChunkRange(*e, c);
       if (read) {
         Result<Hash128> h = reader->ReadAndHash(lo, view->data() + lo, len);
         if (!h.ok()) {
@@ -242,11 +255,7 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
       } else {
         got[c] = HashBytes(view->data() + lo, len);
       }
-      if (got[c] != e->chunks[c]) {
-        uint64_t prev = first_bad.load();
-        while (c < prev && !first_bad.compare_exchange_weak(prev, c)) {
-        }
-      }
+      if (got[c] != e->chunks[c]) LowerTo(first_bad, c);
     }
   };
   RunOnThreads(threads, work);
@@ -258,12 +267,7 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
 Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& progress) {
   CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
   CKPTIO_ASSIGN_OR_RETURN(ObjectReader * reader, Open(*e));
-  const std::string where =
-      "store " + backend_->Uri() + ", step " + std::to_string(step()) + ", object " + e->name;
-  auto chunk_range = [&](uint64_t c) {
-    const uint64_t lo = c * e->chunk_size;
-    return std::make_pair(lo, std::min(e->chunk_size, e->size - lo));
-  };
+  const std::string where = ObjectWhere(backend_->Uri(), step(), *e);
   Hasher whole;
   auto mapped = reader->Map();
   if (!mapped.ok() && mapped.status().code() != Code::kUnimplemented)
@@ -282,16 +286,20 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
     std::vector<Hash128> got(n);
     auto chunks = [&] {
       for (uint64_t c; (c = next.fetch_add(1)) < n && c < first_bad.load();) {
-        auto [lo, len] = chunk_range(c);
+        auto [lo, len] = ChunkRange(*e, c);
         got[c] = HashBytes(data + lo, len);
-        if (got[c] == e->chunks[c]) continue;
-        uint64_t prev = first_bad.load();
-        while (c < prev && !first_bad.compare_exchange_weak(prev, c)) {
-        }
+        if (got[c] != e->chunks[c]) LowerTo(first_bad, c);
       }
     };
     const unsigned helpers = std::clamp(std::thread::hardware_concurrency(), 2u, 4u) - 1;
     std::vector<std::thread> threads;
+    struct Join {  // also when `progress` throws: no thread is left running
+      std::vector<std::thread>& threads;
+      ~Join() {
+        for (auto& t : threads)
+          if (t.joinable()) t.join();
+      }
+    } join{threads};
     for (unsigned i = 0; i < helpers && i < n; ++i) {
       try {
         threads.emplace_back(chunks);
@@ -300,7 +308,7 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
       }
     }
     for (uint64_t c = 0; c < n && first_bad.load() == n; ++c) {
-      auto [lo, len] = chunk_range(c);
+      auto [lo, len] = ChunkRange(*e, c);
       whole.Update(data + lo, len);
       if (progress) progress(len);
     }
@@ -310,7 +318,7 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
   } else {
     std::string buf;
     for (uint64_t c = 0; c < e->chunks.size(); ++c) {
-      auto [lo, len] = chunk_range(c);
+      auto [lo, len] = ChunkRange(*e, c);
       buf.resize(len);
       Status s = reader->ReadAt(lo, buf.data(), len);
       if (!s.ok()) return s.WithContext(where);
@@ -322,8 +330,7 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
   }
   if (whole.Digest() != e->hash) {
     open_.erase(e->name);
-    return Status(Code::kDataLoss, "whole-object checksum mismatch in store " + backend_->Uri() +
-                                       ", step " + std::to_string(step()) + ", object " + e->name +
+    return Status(Code::kDataLoss, "whole-object checksum mismatch in " + where +
                                        ": expected xxh3-128 " + e->hash.Hex() + ", computed " +
                                        whole.Digest().Hex());
   }

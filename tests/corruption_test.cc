@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <random>
+#include <stdexcept>
 
 #include "ckptio/ckptio.h"
 #include "test_util.h"
@@ -135,6 +136,16 @@ TEST_F(CorruptionTest, VerifyNamesTheLowestDamagedChunkOfMany) {
           << s;
     }
   }
+}
+
+// A progress callback that throws (a caller ending the verify) ends it
+// with that exception, the helper threads joined, not std::terminate.
+TEST_F(CorruptionTest, AVerifyWhoseProgressThrowsEndsWithTheException) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store_->OpenStep(1));
+  EXPECT_THROW(
+      (void)r->VerifyObject(objects_[0].first, [](uint64_t) { throw std::runtime_error("stop"); }),
+      std::runtime_error);
+  CKPTIO_EXPECT_OK(r->VerifyObject(objects_[0].first));
 }
 
 TEST_F(CorruptionTest, EveryBitFlipInLatestIsDetected) {
