@@ -114,9 +114,9 @@ class CKPTIO_EXPORT ObjectReader {
   virtual Status ReadAt(uint64_t offset, void* buf, size_t size) = 0;
   // ReadAt, and the XXH3-128 of the bytes read (HashBytes of `buf` after
   // it). The default reads, then hashes `buf`: a second pass over memory. A
-  // backend whose bytes pass through a small buffer of its own on the way
-  // (a network read) hashes them there as they arrive, while they are in
-  // cache.
+  // backend whose bytes arrive in small pieces (a network read) hashes each
+  // piece in `buf` just after writing it there, while it is in cache; the
+  // hash is always of the bytes in `buf`.
   virtual Result<Hash128> ReadAndHash(uint64_t offset, void* buf, size_t size);
   // How many ReadAt calls (on distinct ranges) may run at once from
   // different threads, and pay: 1 (the default) where ReadAt is not

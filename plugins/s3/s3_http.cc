@@ -65,7 +65,10 @@ size_t OnBody(char* data, size_t size, size_t n, void* arg) {
       return 0;  // aborts the transfer
     }
     std::memcpy(t->request->sink + r.received, data, len);
-    if (t->request->sink_hash != nullptr) t->request->sink_hash->Update(data, len);
+    // The bytes as they now stand in the sink, still in cache: what the
+    // caller gets is what was hashed.
+    if (t->request->sink_hash != nullptr)
+      t->request->sink_hash->Update(t->request->sink + r.received, len);
   } else {
     if (r.body.size() + len > kMaxBodyBytes) {
       t->too_long = true;

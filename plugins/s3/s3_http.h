@@ -31,8 +31,8 @@ struct Request {
   // Response::body. Used by ranged reads straight into the caller's buffer.
   char* sink = nullptr;
   size_t sink_size = 0;
-  // With a sink: fed the bytes as they arrive, reset at each try; its
-  // digest is then the hash of the sink.
+  // With a sink: fed each piece from the sink as it is written there
+  // (reset at each try); its digest is then the hash of the sink.
   Hasher* sink_hash = nullptr;
   // Whether sending it again is harmless (GET, HEAD, DELETE, a PUT of a
   // whole body). A conditional PUT is retried too: its caller resolves a

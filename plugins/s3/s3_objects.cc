@@ -498,7 +498,7 @@ class S3Reader : public ObjectReader {
   }
 
   // A read of at most one part is one GET whose bytes are hashed as they
-  // arrive, in curl's buffer.
+  // arrive, each piece as it is copied out of curl's buffer.
   Result<Hash128> ReadAndHash(uint64_t offset, void* buf, size_t size) override {
     if (size == 0 || offset + size <= head_.size() || size > client_->options().part_bytes ||
         offset > size_ || size > size_ - offset)

@@ -38,8 +38,9 @@
 //     HEAD); ReadAt: GET with a Range, a large one in
 //     part-sized ranges `parallel` at once. No Map: ConcurrentReads() is
 //     `parallel`, so the core reads an object chunk by chunk on that many
-//     threads, each hashing its chunk as its bytes arrive, in curl's buffer
-//     (ReadAndHash; a retried GET starts its hash again). A short answer is
+//     threads, each hashing its chunk as its bytes arrive, each piece just
+//     after it is copied into the chunk (ReadAndHash; a retried GET starts
+//     its hash again). A short answer is
 //     DataLoss (a torn object), like a short file.
 //   * List: ListObjectsV2, every page; keys outside "PREFIX/" or not valid
 //     ckptio keys (ValidateKey) are skipped, and a listing over 10 million
