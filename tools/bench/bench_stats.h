@@ -50,7 +50,7 @@ inline Summary Summarize(std::vector<double> runs) {
 inline std::vector<std::string> SanityFailures(
     const std::map<std::string, std::vector<double>>& timings) {
   std::vector<std::string> out;
-  auto summary = [&](const std::string& name) -> const std::vector<double>* {
+  auto runs = [&](const std::string& name) -> const std::vector<double>* {
     auto it = timings.find(name);
     return it == timings.end() || it->second.empty() ? nullptr : &it->second;
   };
@@ -61,8 +61,8 @@ inline std::vector<std::string> SanityFailures(
   };
   for (const char* warm : {"raw_read", "ckptio_load", "torch_load", "python_load"}) {
     const std::string cold = std::string(warm) + "_cold";
-    const auto* w = summary(warm);
-    const auto* c = summary(cold);
+    const auto* w = runs(warm);
+    const auto* c = runs(cold);
     if (!w || !c) continue;
     const Summary sw = Summarize(*w), sc = Summarize(*c);
     const double noise = std::max({kWarmSlack, sw.spread, sc.spread});
@@ -73,8 +73,8 @@ inline std::vector<std::string> SanityFailures(
   }
   const std::pair<const char*, const char*> same[] = {{"ckptio_save", "ckptio_save_hashed"}};
   for (const auto& [a, b] : same) {
-    const auto* va = summary(a);
-    const auto* vb = summary(b);
+    const auto* va = runs(a);
+    const auto* vb = runs(b);
     if (!va || !vb) continue;
     const Summary sa = Summarize(*va), sb = Summarize(*vb);
     const double lo = std::min(sa.median, sb.median), hi = std::max(sa.median, sb.median);
