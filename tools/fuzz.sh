@@ -13,8 +13,21 @@ command -v ccache >/dev/null && cxx="ccache clang++"
 flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -I"$root/include" -I"$root/src")
 # Every core source (src/*.cc: the core, never the torch adapter in src/torch).
+# The XXH3 kernels for wider vector units are built for their instruction
+# set, as src/CMakeLists.txt builds them, and only on x86-64.
 core=()
-for f in "$root"/src/*.cc; do core+=("$(basename "$f" .cc)"); done
+for f in "$root"/src/*.cc; do
+  case $(basename "$f") in
+    xxh3_avx2.cc | xxh3_avx512.cc) [ "$(uname -m)" = x86_64 ] || continue ;;
+  esac
+  core+=("$(basename "$f" .cc)")
+done
+isa_flags() {
+  case $1 in
+    xxh3_avx2) echo -mavx2 ;;
+    xxh3_avx512) echo -mavx512f ;;
+  esac
+}
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(manifest records names safetensors)
 
@@ -22,8 +35,9 @@ targets=("$@")
 objs=()
 for src in "${core[@]}"; do
   o=$out/$src.o
-  if [ ! -f "$o" ] || [ "$root/src/$src.cc" -nt "$o" ] || [ -n "$(find "$root/include" "$root/src" -name '*.h' -newer "$o" 2>/dev/null)" ]; then
-    $cxx "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" -c "$root/src/$src.cc" -o "$o"
+  if [ ! -f "$o" ] || [ "$root/src/$src.cc" -nt "$o" ] || [ -n "$(find "$root/include" "$root/src" \( -name '*.h' -o -name '*.inc' \) -newer "$o" 2>/dev/null)" ]; then
+    # shellcheck disable=SC2046  # no flags, or one
+    $cxx "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" $(isa_flags "$src") -c "$root/src/$src.cc" -o "$o"
   fi
   objs+=("$o")
 done
