@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench_io.h"
 #include "bench_stats.h"
 #include "ckptio/backends.h"
 #include "ckptio/hash.h"
@@ -52,53 +53,17 @@
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-double Seconds(const std::function<void()>& f) {
-  auto t0 = Clock::now();
-  f();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-[[noreturn]] void Die(const std::string& what) {
-  std::cerr << "ckptio-bench: " << what << "\n";
-  std::exit(1);
-}
-
-void Check(const ckptio::Status& s, const std::string& what) {
-  if (!s.ok()) Die(what + ": " + s.ToString());
-}
+using ckptio::bench::Check;
+using ckptio::bench::Die;
+using ckptio::bench::DropCache;
+using ckptio::bench::RemoveAndSettle;
+using ckptio::bench::Seconds;
 
 void FsyncPath(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0 || ::fsync(fd) != 0) Die("fsync " + path);
   ::close(fd);
-}
-
-// Removes `path` (file or folder) and waits until the file system has
-// finished with the removal: on a file system mounted with `discard` (this
-// VM's ext4) freeing a large file queues TRIMs that the next journal commit,
-// the next timed save's fsync, would otherwise pay for.
-void RemoveAndSettle(const std::string& path) {
-  fs::remove_all(path);
-  int fd = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0 || ::syncfs(fd) != 0) Die("syncfs " + path);
-  ::close(fd);
-}
-
-// Drops the page cache of every file under `path`.
-void DropCache(const std::string& path) {
-  auto drop = [](const fs::path& p) {
-    int fd = ::open(p.c_str(), O_RDONLY);
-    if (fd < 0) return;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  };
-  if (fs::is_regular_file(path)) return drop(path);
-  for (const auto& e : fs::recursive_directory_iterator(path))
-    if (e.is_regular_file()) drop(e.path());
 }
 
 void WriteAll(int fd, const char* p, size_t n) {
