@@ -43,6 +43,6 @@ grep -q "pick a smaller --size" "$tmp/log" || fail "the refusal does not say wha
 CKPTIO_BIN=$bin "$src/tools/bench/growth.sh" --dir "$tmp/script" --repeat 1 --sizes "8 16" \
   --tensors "10" >"$tmp/table" 2>"$tmp/log" || fail "growth.sh"
 grep -q '^| state | tensors | save |' "$tmp/table" || { cat "$tmp/table"; fail "no header"; }
-rows=$(grep -c '^| [0-9.]* MiB |' "$tmp/table") || true
+rows=$(grep -c "^| [0-9.]* [KM]iB |" "$tmp/table") || true
 [ "$rows" = 3 ] || { cat "$tmp/table"; fail "$rows rows, want 3"; }
 echo "growth: the script printed the table with $rows rows"

@@ -271,7 +271,10 @@ int main(int argc, char** argv) {
       return std::string(buf);
     };
     std::ostringstream line;
-    line << "| " << (tensors ? Mib(bytes) + " MiB" : std::to_string(size_mib) + " MiB") << " | "
+    const std::string state_size = bytes < (1 << 20) ? std::to_string(bytes >> 10) + " KiB"
+                                   : tensors         ? Mib(bytes) + " MiB"
+                                                     : std::to_string(size_mib) + " MiB";
+    line << "| " << state_size << " | "
          << count << " | " << cell("save") << " | " << cell("async_stall")
          << (stages ? "" : " (synchronous)") << " | " << cell("verify") << " | " << cell("load")
          << " | " << cell("load_cold") << " | " << Mib(save_peak_extra) << " / "
