@@ -59,6 +59,7 @@ using ckptio::bench::Die;
 using ckptio::bench::DropCache;
 using ckptio::bench::RemoveAndSettle;
 using ckptio::bench::Seconds;
+using ckptio::bench::Settle;
 
 void FsyncPath(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -377,9 +378,14 @@ void RemoveS3Store(const std::string& store) {
 }
 #endif
 
-// Runs `group` starting with its (r mod size)-th member, wrapping around.
-void RunRotated(std::vector<std::function<void()>>& group, int r) {
-  for (size_t i = 0; i < group.size(); ++i) group[(static_cast<size_t>(r) + i) % group.size()]();
+// Runs `group` starting with its (r mod size)-th member, wrapping around;
+// with `settle`, the file system holding that folder settled before each
+// (Settle: the writeback of what ran before done, not paid by the next).
+void RunRotated(std::vector<std::function<void()>>& group, int r, const std::string& settle = "") {
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (!settle.empty()) Settle(settle);
+    group[(static_cast<size_t>(r) + i) % group.size()]();
+  }
 }
 
 // Opening the store (rank 0 takes the writer lock) is outside the timed
@@ -881,7 +887,7 @@ int main(int argc, char** argv) {
       if (!no_python)
         warm.push_back(
             [&] { t["python_load"].push_back(Python("load", raw, pypt, shape, script)); });
-      RunRotated(warm, r);
+      RunRotated(warm, r, dir);
       // Cold loads. The warm load's tensors map the store's files: drop
       // them, or the kernel cannot evict those pages.
       for (auto& m : mine) m = torch::Tensor();
@@ -910,7 +916,7 @@ int main(int argc, char** argv) {
           t["python_load_cold"].push_back(Python("load", raw, pypt, shape, script));
         });
       }
-      RunRotated(cold, r);
+      RunRotated(cold, r, dir);
     }
     if (shape.name == "large") ChecksumPairs(dir, shm, shape, repeat, t);
     if (stripe_ranks > 1 && shape.name == "large")
