@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
   const uint64_t bytes = static_cast<uint64_t>(count * elems * 4);
   const double gib = static_cast<double>(bytes) / (1 << 30);
   const ckptio::CheckpointerOptions defaults;
-  // The async store keeps its previous step while it writes the next.
+  // SaveAsync stages a copy of the state up to max_staging_bytes; beyond,
+  // it saves synchronously.
   const bool stages = bytes <= defaults.max_staging_bytes;
   constexpr uint64_t kMargin = uint64_t{1} << 30;
   if (bytes + (stages ? bytes : 0) + kMargin > AvailableMemory())
@@ -165,6 +166,7 @@ int main(int argc, char** argv) {
   struct statvfs v;
   if (::statvfs(dir.c_str(), &v) != 0) Die("statvfs " + dir);
   const uint64_t free_disk = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  // The async store keeps its previous step while it writes the next.
   if (2 * bytes + kMargin > free_disk)
     Die(dir + " has " + Mib(free_disk) + " MiB free; two steps of " + Mib(bytes) +
         " MiB and 1 GiB to spare are needed: pick a smaller --size or another --dir");
