@@ -36,6 +36,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "bench_io.h"
 #include "bench_stats.h"
@@ -116,7 +117,7 @@ ckptio::State StateOf(std::vector<torch::Tensor>& tensors) {
 
 std::unique_ptr<ckptio::Checkpointer> Open(const std::string& store,
                                            ckptio::CheckpointerOptions o = {}) {
-  auto c = ckptio::Checkpointer::Open(store, ckptio::RankInfo{}, o);
+  auto c = ckptio::Checkpointer::Open(store, ckptio::RankInfo{}, std::move(o));
   if (!c.ok()) Die(c.status().ToString());
   return std::move(*c);
 }
@@ -135,8 +136,7 @@ int main(int argc, char** argv) {
   int64_t size_mib = 0, tensors = 0;
   int repeat = 3;
   bool row = false;
-  app.add_option("--dir", dir, "scratch folder (its file system is what is measured)")
-      ->required();
+  app.add_option("--dir", dir, "scratch folder (its file system is what is measured)")->required();
   auto* size_opt = app.add_option("--size", size_mib, "MiB of state in 8 float tensors")
                        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--tensors", tensors, "this many 4 KiB float tensors instead")
@@ -228,8 +228,8 @@ int main(int argc, char** argv) {
       }));
       const Memory after = ReadMemory();
       load_peak_extra = std::max(load_peak_extra, after.peak - before.rss);
-      load_anon_extra = std::max(load_anon_extra, static_cast<int64_t>(after.anon) -
-                                                      static_cast<int64_t>(before.anon));
+      load_anon_extra = std::max(
+          load_anon_extra, static_cast<int64_t>(after.anon) - static_cast<int64_t>(before.anon));
     }
   ckpt.reset();
   RemoveAndSettle(store);
@@ -276,11 +276,11 @@ int main(int argc, char** argv) {
     const std::string state_size = bytes < (1 << 20) ? std::to_string(bytes >> 10) + " KiB"
                                    : tensors         ? Mib(bytes) + " MiB"
                                                      : std::to_string(size_mib) + " MiB";
-    line << "| " << state_size << " | "
-         << count << " | " << cell("save") << " | " << cell("async_stall")
-         << (stages ? "" : " (synchronous)") << " | " << cell("verify") << " | " << cell("load")
-         << " | " << cell("load_cold") << " | " << Mib(save_peak_extra) << " / "
-         << Mib(load_peak_extra) << " / " << Mib(std::max<int64_t>(load_anon_extra, 0)) << " |";
+    line << "| " << state_size << " | " << count << " | " << cell("save") << " | "
+         << cell("async_stall") << (stages ? "" : " (synchronous)") << " | " << cell("verify")
+         << " | " << cell("load") << " | " << cell("load_cold") << " | " << Mib(save_peak_extra)
+         << " / " << Mib(load_peak_extra) << " / " << Mib(std::max<int64_t>(load_anon_extra, 0))
+         << " |";
     std::printf("ROW %s\n", line.str().c_str());
   }
   return 0;
