@@ -1,6 +1,6 @@
-// What ckptio's benchmark programs share: timing, dying with a message, and
+// What ckptio's benchmark programs share: timing, dying with a message,
 // settling the file system and the page cache the same way before every
-// contender.
+// contender, and the tensors as a State.
 #ifndef CKPTIO_TOOLS_BENCH_IO_H_
 #define CKPTIO_TOOLS_BENCH_IO_H_
 
@@ -14,8 +14,10 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "ckptio/status.h"
+#include "ckptio/torch.h"
 
 namespace ckptio::bench {
 
@@ -62,6 +64,14 @@ inline void DropCache(const std::string& path) {
   if (std::filesystem::is_regular_file(path)) return drop(path);
   for (const auto& e : std::filesystem::recursive_directory_iterator(path))
     if (e.is_regular_file()) drop(e.path());
+}
+
+// The tensors as a State (items t0, t1, ...), referring to `tensors`.
+inline State StateOf(std::vector<torch::Tensor>& tensors) {
+  State state;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    state.items.emplace_back("t" + std::to_string(i), tensors[i]);
+  return state;
 }
 
 }  // namespace ckptio::bench

@@ -60,6 +60,7 @@ using ckptio::bench::DropCache;
 using ckptio::bench::RemoveAndSettle;
 using ckptio::bench::Seconds;
 using ckptio::bench::Settle;
+using ckptio::bench::StateOf;
 
 void FsyncPath(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -266,14 +267,6 @@ std::vector<torch::Tensor> LoadTargets(const std::vector<torch::Tensor>& tensors
     out.push_back(t);
   }
   return out;
-}
-
-// The tensors as a ckptio State (t0, t1, ...), referring to `tensors`.
-ckptio::State StateOf(std::vector<torch::Tensor>& tensors) {
-  ckptio::State state;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    state.items.emplace_back("t" + std::to_string(i), tensors[i]);
-  return state;
 }
 
 #if CKPTIO_BENCH_S3

@@ -50,6 +50,7 @@ using ckptio::bench::DropCache;
 using ckptio::bench::RemoveAndSettle;
 using ckptio::bench::Seconds;
 using ckptio::bench::Settle;
+using ckptio::bench::StateOf;
 using json = nlohmann::json;
 
 // Resident memory of this process, in bytes (/proc/self/status).
@@ -106,13 +107,6 @@ std::vector<torch::Tensor> MakeState(int64_t count, int64_t elems) {
     out.push_back(std::move(t));
   }
   return out;
-}
-
-ckptio::State StateOf(std::vector<torch::Tensor>& tensors) {
-  ckptio::State state;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    state.items.emplace_back("t" + std::to_string(i), tensors[i]);
-  return state;
 }
 
 std::unique_ptr<ckptio::Checkpointer> Open(const std::string& store,
