@@ -15,6 +15,7 @@
 #include "ckptio/backend.h"
 #include "manifest_test_util.h"
 #include "strict_json.h"
+#include "text.h"
 
 namespace ckptio::manifest_testing {
 namespace {
@@ -475,9 +476,9 @@ TEST(ManifestHostileWhereTest, MessagesHoldNoRawControlCharacters) {
   }
 }
 
-// The strict parser builds its document itself (one SAX pass that also
-// refuses repeated keys): on random documents it must agree with nlohmann's
-// parse exactly, and on every truncation of them accept and refuse alike.
+// The strict parser is ckptio's own (one pass that also refuses repeated
+// keys): on random documents it must agree with nlohmann's parse exactly,
+// and on every truncation of them accept and refuse alike.
 TEST(StrictJsonTest, AgreesWithNlohmannOnRandomDocuments) {
   std::mt19937_64 rng(7);
   auto pick = [&](int n) { return static_cast<int>(rng() % n); };
@@ -554,6 +555,182 @@ TEST(StrictJsonTest, AgreesWithNlohmannOnRandomDocuments) {
   EXPECT_TRUE(ParseStrictJson("[[[1]]]", 3, "doc").ok());
   EXPECT_TRUE(IsError(ParseStrictJson("[[[[1]]]]", 3, "doc").status(), kDL,
                       {"doc", "nests deeper than 3 levels"}));
+}
+
+// Whether the strict parser and nlohmann accept `text` alike and, where both
+// do, read the same document; texts the strict parser refuses for its own
+// rules (a repeated key, nesting past 8, a NUL byte) are not compared.
+::testing::AssertionResult AgreesWithNlohmann(const std::string& text) {
+  auto strict = ParseStrictJson(text, 8, "doc");
+  if (!strict.ok()) {
+    const std::string why = strict.status().message();
+    if (why.find("appears twice") != std::string::npos ||
+        why.find("nests deeper") != std::string::npos || text.find('\0') != std::string::npos)
+      return ::testing::AssertionSuccess();
+    if (why.find("is not valid JSON (torn or corrupt): ") == std::string::npos ||
+        why.find(" at byte ") == std::string::npos)
+      return ::testing::AssertionFailure() << "message without what and where: " << why;
+  }
+  if (strict.ok() != json::accept(text))
+    return ::testing::AssertionFailure()
+           << "strict " << (strict.ok() ? "accepts" : "refuses") << " what nlohmann "
+           << (strict.ok() ? "refuses" : "accepts") << ": " << Printable(text)
+           << (strict.ok() ? "" : " (" + strict.status().message() + ")");
+  if (strict.ok() && TapeToJson(*strict) != json::parse(text))
+    return ::testing::AssertionFailure()
+           << "read differently: " << TapeToJson(*strict).dump() << " vs "
+           << json::parse(text).dump() << " from " << Printable(text);
+  return ::testing::AssertionSuccess();
+}
+
+// The byte-level corners of JSON: escapes and surrogates, UTF-8's
+// forbidden forms, numbers at the integer limits and past a double's, the
+// BOM, whitespace, and what may follow a document.
+TEST(StrictJsonTest, AgreesWithNlohmannOnTheCorners) {
+  const std::vector<std::string> texts = {"",
+                                          " ",
+                                          "{}",
+                                          "[]",
+                                          " [ ] ",
+                                          "\t{\r\n}\n",
+                                          "\v[]",
+                                          "\f[]",
+                                          "[1]x",
+                                          "[1] [2]",
+                                          "[1]]",
+                                          "{\"a\":1,}",
+                                          "[1,]",
+                                          "[,1]",
+                                          "{\"a\" 1}",
+                                          "{a:1}",
+                                          "{'a':1}",
+                                          "{\"a\":1 \"b\":2}",
+                                          "tru",
+                                          "true",
+                                          "truex",
+                                          "[true,false,null]",
+                                          "[nul]",
+                                          "[True]",
+                                          "[NaN]",
+                                          "[Infinity]",
+                                          "[-Infinity]",
+                                          "[0]",
+                                          "[-0]",
+                                          "[00]",
+                                          "[01]",
+                                          "[-]",
+                                          "[-01]",
+                                          "[+1]",
+                                          "[.5]",
+                                          "[5.]",
+                                          "[1.5e]",
+                                          "[1e+]",
+                                          "[1E-2]",
+                                          "[1e5]",
+                                          "[-0.0]",
+                                          "[0e0]",
+                                          "[1.0e+400]",
+                                          "[1e400]",
+                                          "[-1e400]",
+                                          "[1e-400]",
+                                          "[2.2250738585072011e-308]",
+                                          "[4.9e-324]",
+                                          "[18446744073709551615]",
+                                          "[18446744073709551616]",
+                                          "[99999999999999999999999]",
+                                          "[9223372036854775807]",
+                                          "[9223372036854775808]",
+                                          "[-9223372036854775808]",
+                                          "[-9223372036854775809]",
+                                          "[-18446744073709551616]",
+                                          "[1.7976931348623157e308]",
+                                          "[1.7976931348623159e308]",
+                                          std::string("[1") + std::string(400, '0') + "]",
+                                          "[\"\\u0041\\u00e9\\u65e5\\ud83d\\ude80\"]",
+                                          "[\"\\u0000\"]",
+                                          "[\"\\ud83d\"]",
+                                          "[\"\\ud83dx\"]",
+                                          "[\"\\ud83d\\u0041\"]",
+                                          "[\"\\ude80\"]",
+                                          "[\"\\ud83d\\ud83d\"]",
+                                          "[\"\\u12\"]",
+                                          "[\"\\u12g4\"]",
+                                          "[\"\\uABCD\"]",
+                                          "[\"\\x41\"]",
+                                          "[\"\\a\"]",
+                                          "[\"\\/\\b\\f\\n\\r\\t\\\"\\\\\"]",
+                                          "[\"\\\"]",
+                                          "[\"abc]",
+                                          "[\"\t\"]",
+                                          "[\"\x1f\"]",
+                                          "[\"\x7f\"]",
+                                          "[\"\xc3\xa9\"]",
+                                          "[\"\xc3\"]",
+                                          "[\"\xc0\x80\"]",
+                                          "[\"\xc1\xbf\"]",
+                                          "[\"\xe0\x80\x80\"]",
+                                          "[\"\xe0\xa0\x80\"]",
+                                          "[\"\xed\xa0\x80\"]",
+                                          "[\"\xed\x9f\xbf\"]",
+                                          "[\"\xef\xbf\xbf\"]",
+                                          "[\"\xf0\x8f\xbf\xbf\"]",
+                                          "[\"\xf0\x90\x80\x80\"]",
+                                          "[\"\xf4\x8f\xbf\xbf\"]",
+                                          "[\"\xf4\x90\x80\x80\"]",
+                                          "[\"\xf5\x80\x80\x80\"]",
+                                          "[\"\xff\"]",
+                                          "[\"\x80\"]",
+                                          "[\"\xe2\x82\"]",
+                                          "\xef\xbb\xbf[1]",
+                                          "\xef\xbb[1]",
+                                          "\xef\xbb\xbf",
+                                          " \xef\xbb\xbf[1]",
+                                          "[\xef\xbb\xbf"
+                                          "1]",
+                                          "{\"\xc3\xa9\":1,\"\\u00e9x\":2}",
+                                          "{\"\":{\"\":[]}}",
+                                          "\"s\"",
+                                          "7",
+                                          "-7",
+                                          "null"};
+  for (const std::string& text : texts) EXPECT_TRUE(AgreesWithNlohmann(text));
+}
+
+// Random documents with bytes changed, inserted or removed: accepted and
+// refused alike, and read alike where accepted.
+TEST(StrictJsonTest, AgreesWithNlohmannOnDamagedDocuments) {
+  std::mt19937_64 rng(11);
+  const std::string alphabet =
+      "{}[]\",:\\/ \t\n0123456789-+.eEtrufalsn\x01\x1f\x7f\x80\xbf\xc3\xe0"
+      "\xed\xf0\xf4\xff";
+  const json base =
+      json::parse(R"({"format":"x","n":[0,-1,18446744073709551615,1.5e-3],)"
+                  R"("s":"a\u00e9\ud83d\ude80\n\"","o":{"k":[true,false,null],"e":{}}})");
+  const std::string text = base.dump();
+  int accepted = 0;
+  for (int round = 0; round < 20000; ++round) {
+    std::string damaged = text;
+    for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
+      const size_t at = rng() % (damaged.size() + 1);
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0:
+          if (at < damaged.size()) damaged[at] = c;
+          break;
+        case 1:
+          damaged.insert(at, 1, c);
+          break;
+        default:
+          if (at < damaged.size()) damaged.erase(at, 1);
+      }
+    }
+    ASSERT_TRUE(AgreesWithNlohmann(damaged)) << "round " << round;
+    accepted += json::accept(damaged);
+  }
+  // The damage left some documents valid (digits, spaces): both sides of
+  // the comparison were exercised.
+  EXPECT_GT(accepted, 500);
+  EXPECT_LT(accepted, 19000);
 }
 
 TEST(ManifestDuplicateKeyTest, CaughtEvenWithAValidChecksum) {

@@ -29,7 +29,7 @@ isa_flags() {
   esac
 }
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(manifest records names safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(manifest records names safetensors json)
 
 # Objects of the core sources the targets need, rebuilt only when changed.
 objs=()
