@@ -408,8 +408,16 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
       return std::hash<std::string_view>()(p.first) * 31 + std::hash<std::string_view>()(p.second);
     }
   };
+  // When each entry sorts after the one before (by object, then name: as
+  // a save of the Checkpointer's named tensors lists them), no pair
+  // repeats, and the set (a node per tensor) is not needed.
+  bool sorted = true;
+  for (size_t i = 1; i < m.tensors.size() && sorted; ++i) {
+    const TensorEntry &a = m.tensors[i - 1], &b = m.tensors[i];
+    sorted = a.object < b.object || (a.object == b.object && a.name < b.name);
+  }
   std::unordered_set<std::pair<std::string_view, std::string_view>, PairHash> seen;
-  seen.reserve(m.tensors.size());
+  if (!sorted) seen.reserve(m.tensors.size());
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const TensorEntry& t = m.tensors[i];
     auto path = [i](std::string_view field) { return FieldPath("tensors", i, field); };
@@ -441,7 +449,7 @@ Status CheckManifest(const Manifest& m, std::string_view where) {
     if (t.length != count * elem)
       return error(path("length"), "is " + std::to_string(t.length) + " but dtype and shape need " +
                                        std::to_string(count * elem));
-    if (!seen.emplace(t.object, t.name).second)
+    if (!sorted && !seen.emplace(t.object, t.name).second)
       return error(path("name"),
                    "tensor \"" + Printable(t.name) + "\" appears twice in " + t.object);
   }

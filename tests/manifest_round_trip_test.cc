@@ -227,6 +227,35 @@ TEST(ManifestRoundTripTest, CheckedSerializationRefusesExactlyWhatReadersReject)
   }
 }
 
+// A tensor named twice in one object is refused wherever the two entries
+// are (the check skips its set only while entries come in sorted order);
+// the same name in two objects is not a repeat.
+TEST(ManifestRoundTripTest, ATensorNamedTwiceInOneObjectIsRefusedWhereverItIs) {
+  Manifest m = MakeManifest();
+  m.tensors.clear();
+  for (const char* object : {"model.safetensors", "optim.pt"})
+    for (int i = 0; i < 10; ++i) {
+      TensorEntry t = FcWeight("cpu", static_cast<uint64_t>(i) * 512);
+      t.object = object;
+      t.name = "w" + std::to_string(i);
+      m.tensors.push_back(t);
+    }
+  ASSERT_TRUE(SerializeCheckedManifest(m, kWhere).ok());
+  for (auto [first, second] : {std::pair{0, 9}, {9, 0}, {3, 4}, {12, 19}, {0, 19}, {5, 15}}) {
+    Manifest bad = m;
+    bad.tensors[first].name = bad.tensors[second].name = "fc.bias";
+    auto read = ParseManifest(SerializeManifest(bad), kWhere);
+    const bool same_object = bad.tensors[first].object == bad.tensors[second].object;
+    EXPECT_EQ(read.ok(), !same_object) << first << ", " << second;
+    if (same_object) {
+      EXPECT_TRUE(IsError(
+          read.status(), kDL,
+          {"'tensors[" + std::to_string(std::max(first, second)) + "].name'", "appears twice"}))
+          << read.status();
+    }
+  }
+}
+
 TEST(ManifestRoundTripTest, SealFollowsDocumentedFormat) {
   // manifest.h: "checksum" is the XXH3-128 hex of nlohmann::json::dump() of
   // the object without that member. The hostile tests rely on this.
