@@ -39,6 +39,23 @@ if "$bin/ckptio-bench-growth" --dir "$tmp/data" --size 1048576 >"$tmp/log" 2>&1;
 fi
 grep -q "pick a smaller --size" "$tmp/log" || fail "the refusal does not say what to do"
 
+# So is a state the disk cannot hold (a 32 MiB tmpfs: two steps of 64 MiB
+# and a GiB to spare do not fit), before anything is written there.
+if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" &&
+  mount -t tmpfs -o size=32m ckptio-growth-test "$tmp/small" 2>/dev/null; then
+  trap 'umount "$tmp/small" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+  if "$bin/ckptio-bench-growth" --dir "$tmp/small/data" --size 64 >"$tmp/log" 2>&1; then
+    fail "a state too large for the disk was not refused"
+  fi
+  grep -q "MiB free; two steps of 64.0 MiB and 1 GiB to spare are needed: pick a smaller --size or another --dir" \
+    "$tmp/log" || fail "the disk refusal does not say what is missing and what to do"
+  [ -z "$(ls -A "$tmp/small/data")" ] || fail "something was written before the refusal"
+  umount "$tmp/small"
+  echo "growth: a state too large for the disk was refused before anything was written"
+else
+  echo "growth: the refusal for too little disk NOT checked (needs root to mount a 32 MiB tmpfs)"
+fi
+
 # The script: a header and one row per size and tensor count.
 CKPTIO_BIN=$bin "$src/tools/bench/growth.sh" --dir "$tmp/script" --repeat 1 --sizes "8 16" \
   --tensors "10" >"$tmp/table" 2>"$tmp/log" || fail "growth.sh"
