@@ -193,7 +193,8 @@ class Parser {
     // in the "C" locale.
     static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", locale_t(0));
     const std::string text(start, p_);
-    const double x = strtod_l(text.c_str(), nullptr, c_locale);
+    const double x = c_locale ? strtod_l(text.c_str(), nullptr, c_locale)
+                              : std::strtod(text.c_str(), nullptr);  // (no locale object)
     if (!std::isfinite(x)) {
       p_ = start;
       return Fail("number out of range");
