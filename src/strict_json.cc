@@ -37,9 +37,10 @@ class Parser {
         max_depth_(max_depth),
         streamed_(streamed) {}
 
-  std::string duplicate;  // set when the parse stopped at a repeated member name
-  std::string error;      // set on a syntax error: what, and at which byte
-  bool too_deep = false;  // set when the parse stopped at nesting past max_depth
+  bool repeated_key = false;  // set when the parse stopped at a repeated member name,
+  std::string duplicate;      // that name (which may be "")
+  std::string error;          // set on a syntax error: what, and at which byte
+  bool too_deep = false;      // set when the parse stopped at nesting past max_depth
 
   bool Parse() {
     if (end_ - p_ >= 3 && std::memcmp(p_, "\xEF\xBB\xBF", 3) == 0) p_ += 3;
@@ -372,6 +373,7 @@ class Parser {
       }
     }
     if (repeated) {
+      repeated_key = true;
       duplicate = std::string(k);
       return false;  // stop: the first one is enough
     }
@@ -480,7 +482,7 @@ Result<JsonTape> ParseStrictJson(std::string_view bytes, int max_depth, std::str
   Parser parser(bytes, tape, max_depth, streamed);
   if (!parser.Parse()) {
     if (parser.too_deep) return error("nests deeper than " + std::to_string(max_depth) + " levels");
-    if (!parser.duplicate.empty())
+    if (parser.repeated_key)
       return error("member \"" + Printable(parser.duplicate) + "\" appears twice");
     return error("is not valid JSON (torn or corrupt): " + parser.error);
   }

@@ -532,6 +532,10 @@ TEST(StrictJsonTest, AgreesWithNlohmannOnRandomDocuments) {
   EXPECT_TRUE(IsError(ParseStrictJson(R"({"a":[{"x":1,"y":{"x":2},"x":3}]})", 8, "doc").status(),
                       kDL, {"doc", "member \"x\" appears twice"}));
   EXPECT_TRUE(ParseStrictJson(R"({"a":[{"x":1},{"x":2}],"x":{"x":3}})", 8, "doc").ok());
+  // The empty name too (found by fuzz_json: once reported as invalid JSON
+  // with no reason).
+  EXPECT_TRUE(IsError(ParseStrictJson(R"({"":1,"b":2,"":3})", 8, "doc").status(), kDL,
+                      {"doc", "member \"\" appears twice"}));
   // Large objects (metadata) are checked by a set past 16 members: a repeat
   // of an early member found late, and of a late one, both refused.
   auto object_of = [](int n, const std::string& extra) {
