@@ -92,6 +92,25 @@ def test_a_checkpointer_step_a_held_store_and_a_taken_step_are_refused(tmp_path)
         dcp.save(state_of(0), storage_writer=ckptio.dcp.StorageWriter(uri, step=0))
 
 
+def test_a_reset_abandons_a_begun_step_and_frees_the_store(tmp_path):
+    # DCP calls reset() at the start of every save: a writer whose last save
+    # began a step and never finished (an exception between its global plan
+    # and finish) gives the step and the store's writer lock up there.
+    from torch.distributed.checkpoint.planner import SavePlan
+    uri = str(tmp_path / "store")
+    writer = ckptio.dcp.StorageWriter(uri, step=5)
+    writer.prepare_global_plan([SavePlan([])])  # step 5 begun: the writer lock held
+    with pytest.raises(CheckpointException, match="already has a writer"):
+        dcp.save(state_of(0), storage_writer=ckptio.dcp.StorageWriter(uri, lock_wait=0))
+    writer.reset(checkpoint_id=str(tmp_path / "other"))
+    assert writer.uri == str(tmp_path / "other")
+    dcp.save(state_of(1), storage_writer=ckptio.dcp.StorageWriter(uri, lock_wait=0))
+    assert not os.path.exists(os.path.join(uri, "step-000000000005", "MANIFEST.json"))
+    got = state_of(9)
+    dcp.load(got, storage_reader=ckptio.dcp.StorageReader(uri))
+    assert_same(got, state_of(1))  # step 0: the abandoned step 5 is no step at all
+
+
 def test_the_cli_verifies_and_lists_a_dcp_step(tmp_path):
     bin_dir = os.environ.get("CKPTIO_BIN")
     if not bin_dir:
