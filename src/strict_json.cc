@@ -25,8 +25,8 @@ using Type = JsonValue::Type;
 // non-finite numbers refused) that builds the tape in one pass, decoding
 // each string straight into the tape's text. It refuses a member name
 // repeated within one object (nlohmann keeps the last silently) and nesting
-// past the limit. A 10,000-tensor manifest parses in a fraction of the time
-// nlohmann's SAX lexer took (which copied every string twice).
+// past the limit. (Built on nlohmann's SAX lexer, which copied every string
+// twice, opening a 10,000-tensor step took 15.5 ms; with this, 10.1 ms.)
 class Parser {
  public:
   Parser(std::string_view bytes, JsonTape& tape, int max_depth, const StreamedArray* streamed)
