@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -256,6 +257,133 @@ TEST_P(TorchRanksTest, AStripingRankKilledMidSaveFailsTheStepAndARelaunchRecover
       "torch-ranks: %s: rank 2 SIGKILLed while committing its stripe: no rank reported the step "
       "saved (rank 0 named rank 2's stripe), the previous step stayed LATEST and verified; a "
       "relaunch loaded it on every rank and saved striped again\n",
+      mode_name().c_str());
+}
+
+// Holds rank 2 before it writes into the step: the first object whose key
+// holds `needle` makes the file `held`, then waits (up to 60 s) for
+// `release` before it is created.
+class HoldBeforeWriting : public ::ckptio::testing::ForwardingBackend {
+ public:
+  HoldBeforeWriting(std::shared_ptr<StorageBackend> inner, std::string needle, std::string held,
+                    std::string release)
+      : ForwardingBackend(std::move(inner)),
+        needle_(std::move(needle)),
+        held_(std::move(held)),
+        release_(std::move(release)) {}
+  Result<std::unique_ptr<ObjectWriter>> NewObject(std::string_view key, WriteMode mode) override {
+    if (std::string(key).find(needle_) != std::string::npos) {
+      if (std::FILE* f = std::fopen(held_.c_str(), "w")) std::fclose(f);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (::access(release_.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < until)
+        ::usleep(10000);
+    }
+    return ForwardingBackend::NewObject(key, mode);
+  }
+
+ private:
+  std::string needle_, held_, release_;
+};
+
+// Rank 0 interrupted (WaitInterrupt: the Python package's Ctrl-C) while it
+// waits for rank 2's stripe, which rank 2 has not begun to write: rank 0's
+// save ends at once with the interrupt's status and gives the step up
+// without waiting for the other ranks; no rank reports step 2 saved, step 1
+// stays the newest committed step; rank 2's part, written after that, is
+// left in the uncommitted step and cleared by the next save of step 2,
+// which commits striped.
+TEST_P(TorchRanksTest, AStripedSaveInterruptedWaitingForARankCommitsNothing) {
+  const Launch first = NewLaunch(/*agent_serves=*/true);
+  const std::string held = first.path + ".held", release = first.path + ".release";
+  Ranks ranks(first, [&](RankEnv& me) -> int {
+    StripedTrainee t(kInitSeed);
+    std::shared_ptr<StorageBackend> backend;
+    if (me.rank == 2) {
+      auto posix = OpenBackendForTest(first.path);
+      if (!posix) return Fail(me.rank, kExitSetup, "no backend");
+      backend = std::make_shared<HoldBeforeWriting>(posix, "step-000000000002/", held, release);
+    }
+    auto ckpt = me.Open(kTimeout, /*stripe=*/true, backend);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    t.Train(1);
+    Status s = (*ckpt)->Save(1, state);
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+    t.Train(2);
+    if (me.rank == 0) {
+      // Interrupted 0.3 s after rank 2 began to hold: rank 2 had the
+      // go-ahead, so rank 0 is then waiting for the receipts (it cannot have
+      // rank 2's).
+      std::optional<std::chrono::steady_clock::time_point> seen;
+      WaitInterrupt interrupt([&]() -> Status {
+        if (!seen && ::access(held.c_str(), F_OK) == 0) seen = std::chrono::steady_clock::now();
+        if (seen && std::chrono::steady_clock::now() - *seen > milliseconds(300))
+          return Status(Code::kAborted, "interrupted by the test");
+        return OkStatus();
+      });
+      s = (*ckpt)->Save(2, state);
+      const int64_t returned = NowNs();
+      std::FILE* f = std::fopen(release.c_str(), "w");  // rank 2 may finish now
+      if (f) std::fclose(f);
+      me.Say(FormatReport(s, returned));
+      return kExitOk;
+    }
+    s = (*ckpt)->Save(2, state);
+    me.Say(FormatReport(s, NowNs()));
+    return kExitOk;
+  });
+  ASSERT_TRUE(ranks.started());
+  for (int r = 0; r < kWorld; ++r) {
+    auto ret = ParseReport(ranks.AwaitLine(r, "ret", milliseconds(90000)));
+    ASSERT_TRUE(ret.has_value()) << "rank " << r << " exit "
+                                 << ranks.child(r).ExitCode(milliseconds(2000));
+    EXPECT_NE(ret->code, Code::kOk) << "rank " << r << " reported step 2 saved";
+    if (r == 0) {
+      EXPECT_EQ(ret->code, Code::kAborted) << ret->message;
+      EXPECT_NE(ret->message.find("interrupted by the test"), std::string::npos) << ret->message;
+    }
+  }
+  EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
+  {
+    auto store = OpenStore(first.path);
+    ASSERT_TRUE(store.ok());
+    auto latest = (*store)->OpenLatest();
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    EXPECT_EQ((*latest)->step(), 1);
+    CKPTIO_EXPECT_OK((*latest)->Verify());
+    EXPECT_FALSE((*store)->OpenStep(2).ok()) << "step 2 must not be committed";
+  }
+  // Rank 2's part, written after rank 0 gave the step up, is left there.
+  bool late_part = false;
+  for (const auto& f : std::filesystem::directory_iterator(first.path + "/step-000000000002"))
+    late_part = late_part || f.path().filename().string().find(".part-2") != std::string::npos;
+  EXPECT_TRUE(late_part) << "the scenario: rank 2 must have committed its part late";
+
+  const Launch second = NewLaunch(/*agent_serves=*/true);
+  Ranks again(second, [&](RankEnv& me) -> int {
+    StripedTrainee t(kInitSeed);
+    auto ckpt = me.Open(kTimeout, /*stripe=*/true);
+    if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    State state = t.state();
+    t.Train(1);
+    t.Train(2);
+    Status s = (*ckpt)->Save(2, state);
+    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+    auto bytes = BytesByRank(second.path, 2);
+    if (!bytes.ok()) return Fail(me.rank, kExitBadStep, bytes.status().ToString());
+    me.Say("saved2");
+    return kExitOk;
+  });
+  ASSERT_TRUE(again.started());
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_TRUE(again.Await(r, "saved2", milliseconds(60000)).has_value()) << "rank " << r;
+  EXPECT_ALL_RANKS_EXIT_OK(again, milliseconds(30000));
+  if (HasFailure()) return;
+  std::printf(
+      "torch-ranks: %s: rank 0 interrupted while rank 2 held back its stripe: rank 0's save "
+      "ended ABORTED (the interrupt's status), no rank reported step 2 saved, step 1 stayed LATEST "
+      "and verified; the "
+      "next striped save of step 2 committed over rank 2's late part\n",
       mode_name().c_str());
 }
 

@@ -19,7 +19,7 @@
 // mid-save, at a fixed and at random points, then a relaunch),
 // torch_ranks_load_test.cc (non-blocking tickets, waiting for rank 0's load
 // decision, rank 0 killed before it), torch_ranks_striped_test.cc (striped
-// saves, a striping rank killed).
+// saves, a striping rank killed, rank 0 interrupted waiting for a stripe).
 #ifndef CKPTIO_TESTS_TORCH_TORCH_RANKS_TEST_UTIL_H_
 #define CKPTIO_TESTS_TORCH_TORCH_RANKS_TEST_UTIL_H_
 
