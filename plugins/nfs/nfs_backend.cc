@@ -164,6 +164,7 @@ Result<std::unique_ptr<StorageBackend>> NewNfsBackend(NfsOptions o) {
   CKPTIO_ASSIGN_OR_RETURN(c->ctx, nfs::Connect(o, o.client_name, &c->export_path));
   c->root = o.path.substr(c->export_path == "/" ? 0 : c->export_path.size());
   if (c->root == "/") c->root.clear();
+  c->mount_root = o.version == 3 && !c->root.empty();
   if (o.version == 4) {
     c->max_write = kV4MaxWrite;
     c->writes_in_flight = kV4WritesInFlight;

@@ -319,11 +319,23 @@ Status Connection::MakeParents(std::string_view key) {
     for (size_t pos = root.find('/', 1); pos != std::string::npos; pos = root.find('/', pos + 1))
       CKPTIO_RETURN_IF_ERROR(MakeDir(root.substr(0, pos), /*in_store=*/false));
     CKPTIO_RETURN_IF_ERROR(MakeDir(root, /*in_store=*/false));
+    if (mount_root) MountRoot();
   }
   for (size_t slash = key.find('/'); slash != std::string_view::npos;
        slash = key.find('/', slash + 1))
     CKPTIO_RETURN_IF_ERROR(MakeDir(Path(key.substr(0, slash)), /*in_store=*/true));
   return OkStatus();
+}
+
+void Connection::MountRoot() {
+  mount_root = false;
+  std::string path = options.path;
+  auto fresh = Connect(options, options.client_name + ".store", &path);
+  if (!fresh.ok()) return;  // a server that mounts only its exports: walks stay longer
+  retired.push_back(ctx);
+  ctx = *fresh;
+  export_path = path;
+  root.clear();
 }
 
 Status Connection::MakeDir(const std::string& path, bool in_store) {

@@ -191,7 +191,19 @@ class Connection {
 
   // mkdir -p of the folders above `key` (callers hold mu). A folder of the
   // store that is a symbolic link is refused (see RefuseLinkedFolders).
+  // The first time the store's folder is there (see mount_root), it is
+  // mounted, and root and every path built from it change: callers build
+  // their paths after this.
   Status MakeParents(std::string_view key);
+  // Mounts the store's folder itself in place of its export (callers hold
+  // mu), once: libnfs walks every v3 path from the mounted folder, one
+  // LOOKUP (a round trip) per folder, so a store mounted one folder up
+  // pays one more for every call, about a quarter of a save's round trips.
+  // (A store that already exists is mounted directly by Connect.) If the
+  // server will not mount it, walks stay as they were. The old context is
+  // retired, not destroyed: nothing is open on it, as nothing in a store
+  // that was not there can have been opened.
+  void MountRoot();
   Status MakeDir(const std::string& path, bool in_store);
 
   // libnfs follows symbolic links in every component of a path but the
@@ -200,6 +212,13 @@ class Connection {
   // link (callers hold mu), as the POSIX backend does (O_NOFOLLOW at each
   // step). Folders are checked outermost first, so no check follows a link.
   Status RefuseLinkedFolders(std::string_view key);
+  // Whether objects are opened with O_NOFOLLOW (callers hold mu), which
+  // refuses a link in any component of the path in the open's own walk, in
+  // place of a look at each folder and at the object first (two round
+  // trips each). Over v3 (libnfs 4.0's v4 open is not known to honour it),
+  // with the store's folder mounted (a link in the user's path to the
+  // store is theirs to have, and O_NOFOLLOW would refuse it too).
+  bool NoFollowOpens() const { return options.version == 3 && root.empty(); }
   Status LinkRefused(const std::string& path) const;
 
   // Reads up to 512 bytes of a small file (callers hold mu).
@@ -222,6 +241,9 @@ class Connection {
   struct nfs_context* ctx = nullptr;
   std::string export_path;  // what is mounted
   std::string root;         // the store's folder, relative to the mount ("" or "/a/b")
+  // v3, and the store's folder did not exist when it was mounted: mount it
+  // once it does (see MountRoot).
+  bool mount_root = false;
   size_t max_write = kWriteBuffer;
   size_t writes_in_flight = 1;  // WRITEs of max_write bytes sent at once
   size_t max_read = kMaxRead;

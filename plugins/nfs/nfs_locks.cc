@@ -71,7 +71,6 @@ LockTable::~LockTable() {
 
 Result<std::unique_ptr<BackendLock>> LockTable::TryLock(std::string_view key, LockMode mode) {
   CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string path = c_->Path(key);
   if (c_->options.version == 3 && mode == LockMode::kShared)
     return Status(Code::kUnimplemented,
                   c_->uri +
@@ -82,10 +81,12 @@ Result<std::unique_ptr<BackendLock>> LockTable::TryLock(std::string_view key, Lo
   {
     std::lock_guard<std::mutex> l(locks_mu);
     if (held.count(std::string(key)))
-      return Status(Code::kFailedPrecondition, path + " is already locked by this process");
+      return Status(Code::kFailedPrecondition,
+                    c_->Path(key) + " is already locked by this process");
     CKPTIO_RETURN_IF_ERROR(StartKeepalive());
   }
   CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
+  const std::string path = c_->Path(key);  // (MakeParents may have mounted the store's folder)
   Held h;
   h.path = path;
   h.serial = counter++;

@@ -69,17 +69,27 @@ class NfsWriter : public ObjectWriter {
     std::lock_guard<FairMutex> g(c_->mu);
     if (!s.ok()) return Abandon(s);
     if (c_->Broken(ctx_)) return Abandon(c_->BrokenError("commit " + tmp_));
-    int rc = nfs_fsync(ctx_, fh_);  // COMMIT: the bytes are on stable storage
-    if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fsync (COMMIT) " + tmp_));
+    int rc = 0;
+    // COMMIT: the bytes are on stable storage. Over v3, libnfs's close of a
+    // written file sends it, and close's result is its result, so an
+    // nfs_fsync first would be a second COMMIT, a round trip for nothing
+    // (nfs_store_test's NfsRoundTrips sees the COMMIT on the wire).
+    if (c_->options.version == 4) {
+      rc = nfs_fsync(ctx_, fh_);
+      if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fsync (COMMIT) " + tmp_));
+    }
     // The temp's file id, to recognise it under the target's name if the
-    // reply to our RENAME or LINK is lost.
-    struct nfs_stat_64 st;
-    rc = nfs_fstat64(ctx_, fh_, &st);
-    if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fstat " + tmp_));
-    ino_ = st.nfs_ino;
+    // reply to our RENAME is lost (the temp's name is gone after it; a LINK
+    // leaves it, so LinkHappened reads it then).
+    if (mode_ == WriteMode::kReplace) {
+      struct nfs_stat_64 st;
+      rc = nfs_fstat64(ctx_, fh_, &st);
+      if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "fstat " + tmp_));
+      ino_ = st.nfs_ino;
+    }
     rc = nfs_close(ctx_, fh_);
     fh_ = nullptr;
-    if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "close " + tmp_));
+    if (rc < 0) return Abandon(c_->ErrorOn(ctx_, rc, "close (COMMIT) " + tmp_));
     // Not through a folder swapped for a symbolic link since NewObject.
     // Nor is the temp removed through it (that would remove whatever has
     // the temp's name where the link points): it is left, and said so.
@@ -100,7 +110,7 @@ class NfsWriter : public ObjectWriter {
       rc = nfs_link(ctx_, tmp_.c_str(), target_.c_str());
       if (rc < 0) {
         Status error = c_->ErrorOn(ctx_, rc, "link " + tmp_);
-        if (!TargetIsOurs()) {
+        if (!LinkHappened()) {
           if (rc == -EEXIST)
             return Abandon(
                 Status(Code::kAlreadyExists,
@@ -180,7 +190,21 @@ class NfsWriter : public ObjectWriter {
     if (rc < 0) (void)c_->ErrorOn(ctx_, rc, "stat " + tmp_);
     return false;
   }
-  // Whether the target is the temp's file (after a failed RENAME or LINK).
+  // After a failed LINK: did it happen anyway? The temp keeps its name
+  // either way, so only if the target is the temp's file. An error looking
+  // means no.
+  bool LinkHappened() {
+    struct nfs_stat_64 st;
+    const int rc = nfs_lstat64(ctx_, tmp_.c_str(), &st);
+    if (rc < 0) {
+      (void)c_->ErrorOn(ctx_, rc, "stat " + tmp_);
+      return false;
+    }
+    ino_ = st.nfs_ino;
+    return TargetIsOurs();
+  }
+  // Whether the target is the temp's file (ino_) after a failed RENAME or
+  // LINK.
   bool TargetIsOurs() {
     struct nfs_stat_64 st;
     const int rc = nfs_lstat64(ctx_, target_.c_str(), &st);
@@ -220,7 +244,7 @@ class NfsWriter : public ObjectWriter {
   WriteMode mode_;
   std::string buffer_;
   uint64_t offset_ = 0;
-  uint64_t ino_ = 0;  // the temp's file id, once committed
+  uint64_t ino_ = 0;  // the temp's file id, once read (see Commit)
   bool dead_ = false, committed_ = false;
 };
 
@@ -328,12 +352,12 @@ Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, W
   if (base.compare(0, kTempMarker.size(), kTempMarker) == 0)
     return Status(Code::kInvalidArgument,
                   "object key \"" + std::string(key) + "\" uses the reserved temp prefix");
+  std::lock_guard<FairMutex> g(c_->mu);
+  CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
+  CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));  // (may mount the store's folder)
   const std::string dir =
       slash == std::string_view::npos ? c_->Path("") : c_->Path(key.substr(0, slash));
   const std::string tmp = dir + "/" + TempObjectName(base);
-  std::lock_guard<FairMutex> g(c_->mu);
-  CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
-  CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));
   struct nfsfh* fh = nullptr;
   int rc = nfs_open2(c_->ctx, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
   if (rc < 0) return c_->Error(rc, "create " + tmp);
@@ -343,22 +367,36 @@ Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, W
 
 Result<std::unique_ptr<ObjectReader>> Objects::OpenObject(std::string_view key) {
   CKPTIO_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string path = c_->Path(key);
   std::lock_guard<FairMutex> g(c_->mu);
   CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
-  CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
-  CKPTIO_ASSIGN_OR_RETURN(uint64_t size, RegularFileSize(path));
+  const std::string path = c_->Path(key);
   struct nfsfh* fh = nullptr;
-  int rc = nfs_open(c_->ctx, path.c_str(), O_RDONLY, &fh);
+  int rc = 0;
+  if (c_->NoFollowOpens()) {
+    // One walk, which refuses a symbolic link in any component: libnfs
+    // looks at the type in each LOOKUP's answer (a server that sends none
+    // leaves libnfs unable to follow a link at all, and the GETATTR below
+    // refuses one opened last). On a refusal, the folder that is a link is
+    // looked for, to name it.
+    rc = nfs_open(c_->ctx, path.c_str(), O_RDONLY | O_NOFOLLOW, &fh);
+    if (rc == -ELOOP) {
+      CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
+      return c_->LinkRefused(path);
+    }
+  } else {
+    CKPTIO_RETURN_IF_ERROR(c_->RefuseLinkedFolders(key));
+    CKPTIO_RETURN_IF_ERROR(RegularFileSize(path).status());
+    rc = nfs_open(c_->ctx, path.c_str(), O_RDONLY, &fh);
+  }
   if (rc < 0) return c_->Error(rc, "open " + path);
-  // The size read through the open file, not the earlier lookup.
+  // What was opened, and its size, read through the open file.
   struct nfs_stat_64 st;
   rc = nfs_fstat64(c_->ctx, fh, &st);
-  if (rc < 0) {
-    (void)nfs_close(c_->ctx, fh);
-    return c_->Error(rc, "fstat " + path);
+  Status regular = rc < 0 ? c_->Error(rc, "fstat " + path) : RegularFile(path, st);
+  if (!regular.ok()) {
+    if (!c_->Broken(c_->ctx)) (void)nfs_close(c_->ctx, fh);
+    return regular;
   }
-  (void)size;
   auto reader = std::make_unique<NfsReader>(c_, fh, st.nfs_size, path);
   // Small objects (LATEST, manifests, records) are read whole now: one
   // replaced by a rename after we opened it would read as stale on NFS,
@@ -431,12 +469,17 @@ Result<uint64_t> Objects::RegularFileSize(const std::string& path) {
   struct nfs_stat_64 st;
   int rc = nfs_lstat64(c_->ctx, path.c_str(), &st);
   if (rc < 0) return c_->Error(rc, "stat " + path);
+  CKPTIO_RETURN_IF_ERROR(RegularFile(path, st));
+  return st.nfs_size;
+}
+
+Status Objects::RegularFile(const std::string& path, const struct nfs_stat_64& st) const {
   if (S_ISDIR(st.nfs_mode))
     return Status(Code::kNotFound, c_->uri + ": " + path + " is a directory, not an object");
   if (S_ISLNK(st.nfs_mode)) return ErrnoToStatus(ELOOP, "open " + c_->uri + ": " + path);
   if (!S_ISREG(st.nfs_mode))
     return Status(Code::kFailedPrecondition, c_->uri + ": " + path + " is not a regular file");
-  return st.nfs_size;
+  return OkStatus();
 }
 
 Status Objects::Walk(const std::string& dir_key, std::vector<std::string>* out) {

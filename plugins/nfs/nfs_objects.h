@@ -31,6 +31,9 @@ class Objects {
  private:
   // The size of the regular file at `path` (callers hold mu).
   Result<uint64_t> RegularFileSize(const std::string& path);
+  // OK if `st` (of `path`) is a regular file: a folder is NOT_FOUND (no
+  // object), a symbolic link ELOOP, anything else FAILED_PRECONDITION.
+  Status RegularFile(const std::string& path, const struct nfs_stat_64& st) const;
   Status Walk(const std::string& dir_key, std::vector<std::string>* out);
 
   const std::shared_ptr<Connection> c_;

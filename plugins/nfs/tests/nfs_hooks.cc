@@ -62,6 +62,10 @@ int RealRename(nfs_context* n, const char* a, const char* b) {
   static auto real = CKPTIO_REAL(nfs_rename);
   return real(n, a, b);
 }
+int RealLink(nfs_context* n, const char* a, const char* b) {
+  static auto real = CKPTIO_REAL(nfs_link);
+  return real(n, a, b);
+}
 int RealMkdir(nfs_context* n, const char* path) {
   static auto real = CKPTIO_REAL(nfs_mkdir);
   return real(n, path);
@@ -155,6 +159,10 @@ extern "C" {
 int nfs_rename(struct nfs_context* n, const char* a, const char* b) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::rename)) return h(n, a, b);
   return nfs_hooks::RealRename(n, a, b);
+}
+int nfs_link(struct nfs_context* n, const char* a, const char* b) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::link)) return h(n, a, b);
+  return nfs_hooks::RealLink(n, a, b);
 }
 int nfs_mkdir(struct nfs_context* n, const char* path) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::mkdir)) return h(n, path);

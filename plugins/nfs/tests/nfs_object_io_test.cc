@@ -82,6 +82,51 @@ TEST_P(NfsBackendFaults, AFailedRenameIsNotTakenForDoneByTheTargetsSize) {
   EXPECT_EQ(ReadLocal(dir_ + "/LATEST"), "step-0003");
 }
 
+// A LINK (an object created exclusively) that failed is checked against the
+// temp, which keeps its name either way: a LINK that happened with its
+// reply lost commits; another client's object under the name is
+// ALREADY_EXISTS and stays as it was; a LINK that failed, followed by a
+// failed look at the temp, is an error.
+TEST_P(NfsBackendFaults, AFailedLinkIsCheckedAgainstTheTempsFile) {
+  {
+    nfs_hooks::Hooks h;
+    h.link = [&](nfs_context* n, const char* a, const char* b) {
+      EXPECT_EQ(nfs_hooks::RealLink(n, a, b), 0);
+      return nfs_hooks::Fail(n, -EINTR, "Command timed out");  // done, the reply lost
+    };
+    nfs_hooks::Scope scope(h);
+    Status s = Put(*backend_, "linked", "ours", WriteMode::kCreateExclusive);
+    EXPECT_TRUE(s.ok()) << "a LINK that happened (reply lost) failed the commit: " << s;
+  }
+  EXPECT_EQ(ReadLocal(dir_ + "/linked"), "ours");
+  backend_ = Backend();  // (the timeout leaves the old one quiet)
+  ASSERT_TRUE(backend_);
+  {
+    std::ofstream(dir_ + "/theirs") << "their bytes";
+    Status s = Put(*backend_, "theirs", "ours", WriteMode::kCreateExclusive);
+    EXPECT_EQ(s.code(), Code::kAlreadyExists) << s;
+    EXPECT_EQ(ReadLocal(dir_ + "/theirs"), "their bytes");
+  }
+  {
+    std::atomic<int> temp_stats{0};
+    nfs_hooks::Hooks h;
+    h.link = [&](nfs_context* n, const char*, const char*) {
+      return nfs_hooks::Fail(n, -EAGAIN, "link call failed with \"NFS3ERR_JUKEBOX(-11)\"");
+    };
+    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+      if (!std::strstr(path, ".ckptio-tmp.")) return 1;
+      ++temp_stats;
+      return nfs_hooks::Fail(n, -EIO, "nfs_service failed");  // the look fails too
+    };
+    nfs_hooks::Scope scope(h);
+    Status s = Put(*backend_, "unlinked", "ours", WriteMode::kCreateExclusive);
+    EXPECT_FALSE(s.ok()) << "a LINK that never happened was reported committed";
+    EXPECT_GE(temp_stats.load(), 1);
+  }
+  struct stat st;
+  EXPECT_NE(::stat((dir_ + "/unlinked").c_str(), &st), 0);
+}
+
 // A READ or WRITE failed with EFAULT whose GETATTR probe then times out is
 // the server not answering: told so, and the quiet starts (the next call
 // fails at once instead of reconnecting to the hung server).
@@ -577,6 +622,31 @@ TEST_P(NfsV4Faults, AServerThatReadsLessIsReadInItsSizeWithReadsInFlight) {
   EXPECT_TRUE(*got == little) << "the small object's bytes differ";
   EXPECT_EQ(one_at_a_time.load(), 2) << "a small object is read one READ at a time";
   EXPECT_EQ(asked_more.load(), 2) << "READs after those two ask for more than the server reads";
+}
+
+// An object that is itself a symbolic link (LATEST pointing at a file
+// outside the store, a step's object at another step's) is refused, named,
+// and never read through.
+TEST_P(NfsBackendFaults, AnObjectThatIsASymbolicLinkIsNotOpened) {
+  const std::string outside_dir = NfsServer::Shared().export_dir() + "/" + FreshFolder("outside");
+  std::ofstream(outside_dir + "/secret") << "not the store's";
+  ASSERT_EQ(::symlink((outside_dir + "/secret").c_str(), (dir_ + "/LATEST").c_str()), 0);
+  ASSERT_TRUE(Put(*backend_, "step-000000000001/model.safetensors", "step one").ok());
+  ASSERT_EQ(::mkdir((dir_ + "/step-000000000002").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink("../step-000000000001/model.safetensors",
+                      (dir_ + "/step-000000000002/model.safetensors").c_str()),
+            0);
+  for (const std::string key : {"LATEST", "step-000000000002/model.safetensors"}) {
+    SCOPED_TRACE(key);
+    auto opened = backend_->OpenObject(key);
+    EXPECT_EQ(opened.status().code(), Code::kFailedPrecondition) << opened.status();
+    EXPECT_TRUE(Contains(opened.status().message(), key.c_str()) &&
+                Contains(opened.status().message(), "symbolic link"))
+        << opened.status();
+    EXPECT_EQ(backend_->Stat(key).status().code(), Code::kFailedPrecondition);
+  }
+  // A folder where an object is expected is no object.
+  EXPECT_EQ(backend_->OpenObject("step-000000000001").status().code(), Code::kNotFound);
 }
 
 // A folder of the store that is a symbolic link is refused, naming it, and

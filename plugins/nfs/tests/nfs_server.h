@@ -26,6 +26,7 @@ class NfsServer {
   bool ok() const { return ok_; }
   const std::string& dir() const { return dir_; }
   std::string export_dir() const { return dir_ + "/export"; }
+  int nfs_port() const { return ports_.nfs; }
   // nfs:// URI of folder `sub` of the export (v4: through the pseudo path).
   std::string Uri(int version, const std::string& sub, const std::string& extra = "") const;
 

@@ -6,7 +6,9 @@
 //
 // PATH is the export followed by the store's folder inside it; the backend
 // mounts the longest prefix of PATH the server exports (for v4, paths are in
-// the server's pseudo file system, e.g. nfs://host/export/run42?version=4).
+// the server's pseudo file system, e.g. nfs://host/export/run42?version=4),
+// and over v3 the store's folder itself once it exists (libnfs looks up
+// every folder of a v3 path, one round trip each, on every call).
 // version defaults to 3; nfsport and mountport skip the portmapper;
 // timeout_ms (default 30000, whole seconds) bounds every call, so a hung
 // server fails operations by then instead of hanging training; client names
@@ -19,14 +21,18 @@
 //      folder with OPEN/CREATE (nfs_open2 O_CREAT|O_EXCL);
 //   2. WRITE, UNSTABLE, in pieces the server accepts (v4: 3840 bytes, the
 //      largest libnfs 4.0 sends intact, 64 of them in flight at once);
-//   3. COMMIT (nfs_fsync): an error fails the commit, never retried;
+//   3. COMMIT: an error fails the commit, never retried (v4: nfs_fsync;
+//      v3: libnfs's CLOSE of a written file sends it, and returns its
+//      result);
 //   4. CLOSE, checked;
 //   5. RENAME tmp -> name (kReplace), or LINK tmp -> name + REMOVE tmp
 //      (kCreateExclusive). A reply lost after the server acted looks like a
 //      failure, so a failed RENAME or LINK is re-checked against the temp's
-//      file id (read before CLOSE): it happened only if the target is that
-//      file and (RENAME) the temp's name is gone (NFS3ERR_NOENT); any other
-//      answer, an error looking included, fails the commit;
+//      file id (read before CLOSE for a RENAME, which takes the temp's name
+//      away; from the temp's name after a failed LINK, which leaves it): it
+//      happened only if the target is that file and (RENAME) the temp's
+//      name is gone (NFS3ERR_NOENT); any other answer, an error looking
+//      included, fails the commit;
 //   6. nothing more: NFS servers make CREATE, RENAME, LINK and REMOVE
 //      durable before replying (RFC 1813 §3.3, RFC 7530 §18), which is the
 //      directory fsync of the POSIX recipe.
