@@ -336,23 +336,39 @@ void Connection::MountRoot() {
   ctx = *fresh;
   export_path = path;
   root.clear();
+  last_made.clear();  // (a path from the old mount)
 }
 
 Status Connection::MakeDir(const std::string& path, bool in_store) {
+  struct nfs_stat_64 st;
+  // The folder this connection made last (a step's, as its next object
+  // goes in): looked at first, which is all a MKDIR refused as EEXIST
+  // leads to; made again if it has gone.
+  if (in_store && path == last_made) {
+    const int look = nfs_lstat64(ctx, path.c_str(), &st);
+    if (look == 0) return InStoreFolder(path, st);
+    if (look != -ENOENT) return Error(look, "stat " + path);
+  }
   int rc = nfs_mkdir(ctx, path.c_str());
-  if (rc == 0) return OkStatus();
+  if (rc == 0) {
+    if (in_store) last_made = path;
+    return OkStatus();
+  }
   Status error = Error(rc, "mkdir " + path);
   // A server that did not answer (or a connection that broke) is not asked
   // whether the folder is there: the save cannot go on before the quiet
   // ends, and the look would wait out the deadline again.
   if (Broken(ctx)) return error;
-  struct nfs_stat_64 st;
   if (!in_store) {  // the user's path to the store: links there are theirs
     if (rc == -EEXIST) return OkStatus();
     if (nfs_stat64(ctx, path.c_str(), &st) == 0 && S_ISDIR(st.nfs_mode)) return OkStatus();
     return error;
   }
   if (nfs_lstat64(ctx, path.c_str(), &st) != 0) return error;
+  return InStoreFolder(path, st);
+}
+
+Status Connection::InStoreFolder(const std::string& path, const struct nfs_stat_64& st) const {
   if (S_ISDIR(st.nfs_mode)) return OkStatus();
   if (S_ISLNK(st.nfs_mode)) return LinkRefused(path);
   return Status(Code::kFailedPrecondition,

@@ -205,6 +205,8 @@ class Connection {
   // that was not there can have been opened.
   void MountRoot();
   Status MakeDir(const std::string& path, bool in_store);
+  // OK if `st` (of store folder `path`) is a folder; a link is refused.
+  Status InStoreFolder(const std::string& path, const struct nfs_stat_64& st) const;
 
   // libnfs follows symbolic links in every component of a path but the
   // last, so a planted "step-N -> ../elsewhere" would take creates, renames
@@ -244,6 +246,7 @@ class Connection {
   // v3, and the store's folder did not exist when it was mounted: mount it
   // once it does (see MountRoot).
   bool mount_root = false;
+  std::string last_made;  // the store folder MakeDir made last (see there)
   size_t max_write = kWriteBuffer;
   size_t writes_in_flight = 1;  // WRITEs of max_write bytes sent at once
   size_t max_read = kMaxRead;

@@ -649,6 +649,30 @@ TEST_P(NfsBackendFaults, AnObjectThatIsASymbolicLinkIsNotOpened) {
   EXPECT_EQ(backend_->OpenObject("step-000000000001").status().code(), Code::kNotFound);
 }
 
+// The folder made for a step's first object is looked at again before the
+// next object goes in (not made again): swapped for a link, or for a file,
+// meanwhile, it is refused and nothing is created where the link points;
+// removed, it is made again.
+TEST_P(NfsBackendFaults, AFolderMadeEarlierIsLookedAtAgain) {
+  const std::string outside_dir = NfsServer::Shared().export_dir() + "/" + FreshFolder("outside");
+  const std::string step = dir_ + "/step-000000000007";
+  ASSERT_TRUE(Put(*backend_, "step-000000000007/a", "first").ok());
+  ASSERT_EQ(::rename(step.c_str(), (step + ".moved").c_str()), 0);
+  ASSERT_EQ(::symlink(outside_dir.c_str(), step.c_str()), 0);
+  auto through_link = backend_->NewObject("step-000000000007/b", WriteMode::kCreateExclusive);
+  EXPECT_EQ(through_link.status().code(), Code::kFailedPrecondition) << through_link.status();
+  EXPECT_TRUE(Contains(through_link.status().message(), "symbolic link")) << through_link.status();
+  EXPECT_TRUE(std::filesystem::is_empty(outside_dir)) << "a temp was created through the link";
+  ASSERT_EQ(::unlink(step.c_str()), 0);
+  std::ofstream(step) << "a file";
+  auto in_file = backend_->NewObject("step-000000000007/b", WriteMode::kCreateExclusive);
+  EXPECT_EQ(in_file.status().code(), Code::kFailedPrecondition) << in_file.status();
+  EXPECT_TRUE(Contains(in_file.status().message(), "not a folder")) << in_file.status();
+  ASSERT_EQ(::unlink(step.c_str()), 0);
+  EXPECT_TRUE(Put(*backend_, "step-000000000007/b", "second").ok());
+  EXPECT_EQ(ReadLocal(step + "/b"), "second");
+}
+
 // A folder of the store that is a symbolic link is refused, naming it, and
 // nothing is created or deleted where it points: another folder of the
 // export (step-N -> ../elsewhere: libnfs 4.0 happens to refuse a link with

@@ -295,8 +295,8 @@ TEST(NfsRoundTrips, ASaveOverNfsV3StaysWithinItsBudget) {
     }
   }
   // As counted at this change; lower them with a change that saves calls.
-  EXPECT_LE(saves[0].total(), 55) << saves[0].ToString();
-  EXPECT_LE(saves[1].total(), 58) << saves[1].ToString();
+  EXPECT_LE(saves[0].total(), 53) << saves[0].ToString();
+  EXPECT_LE(saves[1].total(), 56) << saves[1].ToString();
 }
 
 }  // namespace
