@@ -174,18 +174,50 @@ class KillAtCommit : public ::ckptio::testing::ForwardingBackend {
 // returns success for step 2 (rank 0 by its deadline, naming rank 2), step 1
 // stays the newest committed step, and a relaunch loads step 1 and saves
 // striped again.
+// Rank 2's backend in the failure scenarios: the POSIX store at `path`
+// wrapped by `wrap` (null on the other ranks: me.Open opens the store).
+template <typename Wrap>
+Result<std::shared_ptr<StorageBackend>> Rank2Wrapped(const RankEnv& me, const std::string& path,
+                                                     Wrap wrap) {
+  if (me.rank != 2) return std::shared_ptr<StorageBackend>();
+  std::shared_ptr<StorageBackend> posix = OpenBackendForTest(path);
+  if (!posix) return Status(Code::kInternal, "no backend for " + path);
+  return std::shared_ptr<StorageBackend>(wrap(posix));
+}
+
+// After a striped save of step 2 that failed: step 1 is still the newest
+// committed step and verifies; step 2 is not committed.
+void ExpectStep1StaysLatest(const std::string& path) {
+  auto store = OpenStore(path);
+  ASSERT_TRUE(store.ok());
+  auto latest = (*store)->OpenLatest();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ((*latest)->step(), 1);
+  CKPTIO_EXPECT_OK((*latest)->Verify());
+  EXPECT_FALSE((*store)->OpenStep(2).ok()) << "step 2 must not be committed";
+}
+
+// A relaunched rank's striped save of step 2 into the store at `path`,
+// checked (every rank wrote its share); says "saved2".
+int SaveStep2Striped(RankEnv& me, Checkpointer& ckpt, State& state, const std::string& path) {
+  Status s = ckpt.Save(2, state);
+  if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
+  auto bytes = BytesByRank(path, 2);
+  if (!bytes.ok()) return Fail(me.rank, kExitBadStep, bytes.status().ToString());
+  me.Say("saved2");
+  return kExitOk;
+}
+
 TEST_P(TorchRanksTest, AStripingRankKilledMidSaveFailsTheStepAndARelaunchRecovers) {
   constexpr milliseconds kShort(4000);
   const Launch first = NewLaunch(/*agent_serves=*/true);
   Ranks ranks(first, [&](RankEnv& me) -> int {
     StripedTrainee t(kInitSeed);
-    std::shared_ptr<StorageBackend> backend;
-    if (me.rank == 2) {
-      auto posix = OpenBackendForTest(first.path);
-      if (!posix) return Fail(me.rank, kExitSetup, "no backend");
-      backend = std::make_shared<KillAtCommit>(posix, "step-000000000002/");
-    }
-    auto ckpt = me.Open(kShort, /*stripe=*/true, backend);
+    auto backend = Rank2Wrapped(me, first.path, [](auto posix) {
+      return std::make_shared<KillAtCommit>(posix, "step-000000000002/");
+    });
+    if (!backend.ok()) return Fail(me.rank, kExitSetup, backend.status().ToString());
+    auto ckpt = me.Open(kShort, /*stripe=*/true, *backend);
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
     State state = t.state();
     t.Train(1);
@@ -214,15 +246,7 @@ TEST_P(TorchRanksTest, AStripingRankKilledMidSaveFailsTheStepAndARelaunchRecover
   }
   EXPECT_EQ(ranks.child(2).ExitCode(milliseconds(20000)), 128 + SIGKILL)
       << "rank 2 should have been killed";
-  {
-    auto store = OpenStore(first.path);
-    ASSERT_TRUE(store.ok());
-    auto latest = (*store)->OpenLatest();
-    ASSERT_TRUE(latest.ok()) << latest.status();
-    EXPECT_EQ((*latest)->step(), 1);
-    CKPTIO_EXPECT_OK((*latest)->Verify());
-    EXPECT_FALSE((*store)->OpenStep(2).ok()) << "step 2 must not be committed";
-  }
+  ExpectStep1StaysLatest(first.path);
 
   const Launch second = NewLaunch(/*agent_serves=*/true);
   Ranks again(second, [&](RankEnv& me) -> int {
@@ -235,12 +259,7 @@ TEST_P(TorchRanksTest, AStripingRankKilledMidSaveFailsTheStepAndARelaunchRecover
       return Fail(me.rank, kExitLoadFailed, got.ok() ? "nothing" : got.status().ToString());
     me.Say("loaded " + std::to_string((*got->step)) + " " + t.hash());
     t.Train(2);
-    Status s = (*ckpt)->Save(2, state);
-    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
-    auto bytes = BytesByRank(second.path, 2);
-    if (!bytes.ok()) return Fail(me.rank, kExitBadStep, bytes.status().ToString());
-    me.Say("saved2");
-    return kExitOk;
+    return SaveStep2Striped(me, **ckpt, state, second.path);
   });
   ASSERT_TRUE(again.started());
   for (int r = 0; r < kWorld; ++r) {
@@ -297,13 +316,11 @@ TEST_P(TorchRanksTest, AStripedSaveInterruptedWaitingForARankCommitsNothing) {
   const std::string held = first.path + ".held", release = first.path + ".release";
   Ranks ranks(first, [&](RankEnv& me) -> int {
     StripedTrainee t(kInitSeed);
-    std::shared_ptr<StorageBackend> backend;
-    if (me.rank == 2) {
-      auto posix = OpenBackendForTest(first.path);
-      if (!posix) return Fail(me.rank, kExitSetup, "no backend");
-      backend = std::make_shared<HoldBeforeWriting>(posix, "step-000000000002/", held, release);
-    }
-    auto ckpt = me.Open(kTimeout, /*stripe=*/true, backend);
+    auto backend = Rank2Wrapped(me, first.path, [&](auto posix) {
+      return std::make_shared<HoldBeforeWriting>(posix, "step-000000000002/", held, release);
+    });
+    if (!backend.ok()) return Fail(me.rank, kExitSetup, backend.status().ToString());
+    auto ckpt = me.Open(kTimeout, /*stripe=*/true, *backend);
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
     State state = t.state();
     t.Train(1);
@@ -344,15 +361,7 @@ TEST_P(TorchRanksTest, AStripedSaveInterruptedWaitingForARankCommitsNothing) {
     }
   }
   EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
-  {
-    auto store = OpenStore(first.path);
-    ASSERT_TRUE(store.ok());
-    auto latest = (*store)->OpenLatest();
-    ASSERT_TRUE(latest.ok()) << latest.status();
-    EXPECT_EQ((*latest)->step(), 1);
-    CKPTIO_EXPECT_OK((*latest)->Verify());
-    EXPECT_FALSE((*store)->OpenStep(2).ok()) << "step 2 must not be committed";
-  }
+  ExpectStep1StaysLatest(first.path);
   // Rank 2's part, written after rank 0 gave the step up, is left there.
   bool late_part = false;
   for (const auto& f : std::filesystem::directory_iterator(first.path + "/step-000000000002"))
@@ -367,12 +376,7 @@ TEST_P(TorchRanksTest, AStripedSaveInterruptedWaitingForARankCommitsNothing) {
     State state = t.state();
     t.Train(1);
     t.Train(2);
-    Status s = (*ckpt)->Save(2, state);
-    if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
-    auto bytes = BytesByRank(second.path, 2);
-    if (!bytes.ok()) return Fail(me.rank, kExitBadStep, bytes.status().ToString());
-    me.Say("saved2");
-    return kExitOk;
+    return SaveStep2Striped(me, **ckpt, state, second.path);
   });
   ASSERT_TRUE(again.started());
   for (int r = 0; r < kWorld; ++r)
