@@ -127,6 +127,41 @@ TEST_P(NfsBackendFaults, AFailedLinkIsCheckedAgainstTheTempsFile) {
   EXPECT_NE(::stat((dir_ + "/unlinked").c_str(), &st), 0);
 }
 
+// A RENAME or LINK that timed out is checked by a look at the temp; when
+// that look times out too (the server hangs), the quiet starts again from
+// it: the next call fails at once, naming the look as the reason.
+TEST_P(NfsBackendFaults, ALookAfterACommitThatTimedOutRestartsTheQuiet) {
+  for (WriteMode mode : {WriteMode::kReplace, WriteMode::kCreateExclusive}) {
+    SCOPED_TRACE(mode == WriteMode::kReplace ? "RENAME" : "LINK");
+    backend_ = Backend();
+    ASSERT_TRUE(backend_);
+    std::atomic<int> looks{0};
+    {
+      nfs_hooks::Hooks h;
+      auto timed_out = [](nfs_context* n, const char*, const char*) {
+        return nfs_hooks::Fail(n, -EINTR, "Command timed out");  // not done
+      };
+      h.rename = timed_out;
+      h.link = timed_out;
+      h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+        if (!std::strstr(path, ".ckptio-tmp.")) return 1;
+        ++looks;
+        return nfs_hooks::Fail(n, -EINTR, "Command timed out");
+      };
+      nfs_hooks::Scope scope(h);
+      Status s = Put(*backend_, "object", "bytes", mode);
+      EXPECT_EQ(s.code(), Code::kUnavailable) << s;
+    }
+    EXPECT_EQ(looks.load(), 1);
+    auto again = backend_->Stat("object");
+    ASSERT_FALSE(again.ok());
+    EXPECT_TRUE(Contains(again.status().message(), "not reconnecting") &&
+                Contains(again.status().message(), "stat ") &&
+                Contains(again.status().message(), ".ckptio-tmp."))
+        << "the quiet's reason should be the look at the temp: " << again.status();
+  }
+}
+
 // A READ or WRITE failed with EFAULT whose GETATTR probe then times out is
 // the server not answering: told so, and the quiet starts (the next call
 // fails at once instead of reconnecting to the hung server).
