@@ -204,9 +204,10 @@ struct RawNfs {
     nfs_destroy_url(url);
   }
   ~RawNfs() { nfs_destroy_context(ctx); }
+  // Creates `path` (removed beforehand, untimed: Remove) with the bytes of
+  // `ts`, WRITE by WRITE, then COMMIT.
   void Write(const std::string& path, const std::vector<torch::Tensor>& ts) {
     struct nfsfh* fh = nullptr;
-    nfs_unlink(ctx, path.c_str());
     if (nfs_open2(ctx, path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh) != 0)
       Die(std::string("raw nfs create: ") + nfs_get_error(ctx));
     const uint64_t max = std::min<uint64_t>(nfs_get_writemax(ctx), 1 << 20);
@@ -222,6 +223,11 @@ struct RawNfs {
       }
     }
     if (nfs_fsync(ctx, fh) != 0 || nfs_close(ctx, fh) != 0) Die("raw nfs commit");
+  }
+  // Removes `path` if it is there.
+  void Remove(const std::string& path) {
+    const int rc = nfs_unlink(ctx, path.c_str());
+    if (rc != 0 && rc != -ENOENT) Die("raw nfs remove " + path + ": " + nfs_get_error(ctx));
   }
   void Read(const std::string& path, std::vector<char>& buf) {
     struct nfsfh* fh = nullptr;
@@ -919,6 +925,9 @@ int main(int argc, char** argv) {
       const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
       std::vector<char> buf(static_cast<size_t>(bytes));
       for (int r = 0; r < repeat; ++r) {
+        // Its previous file removed first, untimed, as ckptio's previous
+        // store is (deleting 256 MiB on the server is no part of a write).
+        nfs.Remove("/" + sub + ".raw");
         t["nfs_raw_write"].push_back(Seconds([&] { nfs.Write("/" + sub + ".raw", tensors); }));
         std::vector<torch::Tensor> mine = LoadTargets(tensors);
         ckptio::State state = StateOf(mine);
@@ -937,6 +946,7 @@ int main(int argc, char** argv) {
       const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
       std::vector<char> buf(static_cast<size_t>(bytes));
       for (int r = 0; r < repeat; ++r) {
+        raw_s3.Delete(sub + ".raw");  // a new key, as ckptio's, not an overwrite (untimed)
         t["s3_raw_put"].push_back(Seconds([&] { raw_s3.Put(sub + ".raw", tensors); }));
         std::vector<torch::Tensor> mine = LoadTargets(tensors);
         ckptio::State state = StateOf(mine);
