@@ -924,21 +924,34 @@ int main(int argc, char** argv) {
       RawNfs nfs(nfs_uri);
       const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
       std::vector<char> buf(static_cast<size_t>(bytes));
+      const std::string raw_file = "/" + sub + ".raw";
       for (int r = 0; r < repeat; ++r) {
-        // Its previous file removed first, untimed, as ckptio's previous
-        // store is (deleting 256 MiB on the server is no part of a write).
-        nfs.Remove("/" + sub + ".raw");
-        t["nfs_raw_write"].push_back(Seconds([&] { nfs.Write("/" + sub + ".raw", tensors); }));
         std::vector<torch::Tensor> mine = LoadTargets(tensors);
         ckptio::State state = StateOf(mine);
         const std::string store = WithSub(nfs_uri, sub + "-" + std::to_string(r));
-        CkptioSave(store, state, &t["nfs_ckptio_save"]);
-        t["nfs_raw_read"].push_back(Seconds([&] { nfs.Read("/" + sub + ".raw", buf); }));
-        CkptioLoad(store, state, &t["nfs_ckptio_load"]);
+        // Raw and ckptio take turns going first, each from a settled
+        // server: sync() writes back what the other left dirty and ends
+        // the removals' work when the server is this machine (elsewhere it
+        // settles nothing of the server's). The raw file of the previous
+        // repeat is removed untimed, as ckptio's previous store is.
+        std::vector<std::function<void()>> writes = {
+            [&] {
+              nfs.Remove(raw_file);
+              ::sync();
+              t["nfs_raw_write"].push_back(Seconds([&] { nfs.Write(raw_file, tensors); }));
+            },
+            [&] {
+              ::sync();
+              CkptioSave(store, state, &t["nfs_ckptio_save"]);
+            }};
+        RunRotated(writes, r);
+        std::vector<std::function<void()>> reads = {
+            [&] { t["nfs_raw_read"].push_back(Seconds([&] { nfs.Read(raw_file, buf); })); },
+            [&] { CkptioLoad(store, state, &t["nfs_ckptio_load"]); }};
+        RunRotated(reads, r);
         nfs.RemoveStore(store, "/" + sub + "-" + std::to_string(r));
       }
-      if (nfs_unlink(nfs.ctx, ("/" + sub + ".raw").c_str()) != 0)
-        Die("nfs cleanup: " + std::string(nfs_get_error(nfs.ctx)));
+      nfs.Remove(raw_file);
     }
 #if CKPTIO_BENCH_S3
     if (!s3_uri.empty() && shape.name == "large") {
@@ -946,14 +959,22 @@ int main(int argc, char** argv) {
       const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
       std::vector<char> buf(static_cast<size_t>(bytes));
       for (int r = 0; r < repeat; ++r) {
-        raw_s3.Delete(sub + ".raw");  // a new key, as ckptio's, not an overwrite (untimed)
-        t["s3_raw_put"].push_back(Seconds([&] { raw_s3.Put(sub + ".raw", tensors); }));
         std::vector<torch::Tensor> mine = LoadTargets(tensors);
         ckptio::State state = StateOf(mine);
         const std::string store = WithSub(s3_uri, sub + "-" + std::to_string(r));
-        CkptioSave(store, state, &t["s3_ckptio_save"]);
-        t["s3_raw_get"].push_back(Seconds([&] { raw_s3.Get(sub + ".raw", buf); }));
-        CkptioLoad(store, state, &t["s3_ckptio_load"]);
+        // Raw and ckptio take turns going first; the raw PUT goes to a new
+        // key, as ckptio's do, not over the last repeat's (deleted untimed).
+        std::vector<std::function<void()>> puts = {
+            [&] {
+              raw_s3.Delete(sub + ".raw");
+              t["s3_raw_put"].push_back(Seconds([&] { raw_s3.Put(sub + ".raw", tensors); }));
+            },
+            [&] { CkptioSave(store, state, &t["s3_ckptio_save"]); }};
+        RunRotated(puts, r);
+        std::vector<std::function<void()>> gets = {
+            [&] { t["s3_raw_get"].push_back(Seconds([&] { raw_s3.Get(sub + ".raw", buf); })); },
+            [&] { CkptioLoad(store, state, &t["s3_ckptio_load"]); }};
+        RunRotated(gets, r);
         if (!torch::equal(mine.back(), tensors.back())) Die("ckptio loaded different bytes (s3)");
         RemoveS3Store(store);
       }
