@@ -66,6 +66,10 @@ int RealLink(nfs_context* n, const char* a, const char* b) {
   static auto real = CKPTIO_REAL(nfs_link);
   return real(n, a, b);
 }
+int RealMount(nfs_context* n, const char* server, const char* path) {
+  static auto real = CKPTIO_REAL(nfs_mount);
+  return real(n, server, path);
+}
 int RealMkdir(nfs_context* n, const char* path) {
   static auto real = CKPTIO_REAL(nfs_mkdir);
   return real(n, path);
@@ -163,6 +167,10 @@ int nfs_rename(struct nfs_context* n, const char* a, const char* b) {
 int nfs_link(struct nfs_context* n, const char* a, const char* b) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::link)) return h(n, a, b);
   return nfs_hooks::RealLink(n, a, b);
+}
+int nfs_mount(struct nfs_context* n, const char* server, const char* path) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::mount)) return h(n, server, path);
+  return nfs_hooks::RealMount(n, server, path);
 }
 int nfs_mkdir(struct nfs_context* n, const char* path) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::mkdir)) return h(n, path);

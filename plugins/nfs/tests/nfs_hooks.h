@@ -18,6 +18,7 @@ namespace nfs_hooks {
 struct Hooks {
   std::function<int(nfs_context*, const char*, const char*)> rename;
   std::function<int(nfs_context*, const char*, const char*)> link;
+  std::function<int(nfs_context*, const char*, const char*)> mount;  // server, export path
   std::function<int(nfs_context*, const char*)> mkdir;
   std::function<int(nfs_context*, const char*, nfs_stat_64*)> stat;  // stat64 and lstat64
   std::function<int(nfs_context*, nfsfh*, uint64_t, uint64_t, const void*)> pwrite;
@@ -51,6 +52,7 @@ class Scope {
 // The real libnfs calls.
 int RealRename(nfs_context* n, const char* a, const char* b);
 int RealLink(nfs_context* n, const char* a, const char* b);
+int RealMount(nfs_context* n, const char* server, const char* path);
 int RealMkdir(nfs_context* n, const char* path);
 int RealStat(nfs_context* n, const char* p, nfs_stat_64* st, bool follow);
 int RealPwrite(nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, const void* buf);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -43,6 +44,19 @@ using testing::RandomBytes;
 using testing::ReadLocal;
 using testing::ReplaceLocal;
 
+// A stat hook that fails every look at a temp (".ckptio-tmp.") as libnfs
+// would, with `rc` and `text`, counting them in `looks`; other looks go
+// through.
+std::function<int(nfs_context*, const char*, nfs_stat_64*)> FailTempLooks(std::atomic<int>& looks,
+                                                                          int rc,
+                                                                          const char* text) {
+  return [&looks, rc, text](nfs_context* n, const char* path, nfs_stat_64*) {
+    if (!std::strstr(path, ".ckptio-tmp.")) return 1;
+    ++looks;
+    return nfs_hooks::Fail(n, rc, text);
+  };
+}
+
 // A RENAME whose reply is lost (it happened) commits. One that failed (it
 // did not happen), followed by a failed look at the temp, is an error: the
 // target having our size (LATEST always has) is no proof it is ours.
@@ -56,11 +70,7 @@ TEST_P(NfsBackendFaults, AFailedRenameIsNotTakenForDoneByTheTargetsSize) {
       // Not done (a server busy, or a reply that never came).
       return nfs_hooks::Fail(n, -EAGAIN, "rename call failed with \"NFS3ERR_JUKEBOX(-11)\"");
     };
-    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
-      if (!std::strstr(path, ".ckptio-tmp.")) return 1;
-      ++temp_stats;
-      return nfs_hooks::Fail(n, -EIO, "nfs_service failed");  // the look fails too
-    };
+    h.stat = FailTempLooks(temp_stats, -EIO, "nfs_service failed");  // the look fails too
     nfs_hooks::Scope scope(h);
     Status s = Put(*backend_, "LATEST", "step-0002");
     EXPECT_FALSE(s.ok()) << "a RENAME that never happened was reported committed";
@@ -113,11 +123,7 @@ TEST_P(NfsBackendFaults, AFailedLinkIsCheckedAgainstTheTempsFile) {
     h.link = [&](nfs_context* n, const char*, const char*) {
       return nfs_hooks::Fail(n, -EAGAIN, "link call failed with \"NFS3ERR_JUKEBOX(-11)\"");
     };
-    h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
-      if (!std::strstr(path, ".ckptio-tmp.")) return 1;
-      ++temp_stats;
-      return nfs_hooks::Fail(n, -EIO, "nfs_service failed");  // the look fails too
-    };
+    h.stat = FailTempLooks(temp_stats, -EIO, "nfs_service failed");  // the look fails too
     nfs_hooks::Scope scope(h);
     Status s = Put(*backend_, "unlinked", "ours", WriteMode::kCreateExclusive);
     EXPECT_FALSE(s.ok()) << "a LINK that never happened was reported committed";
@@ -143,11 +149,7 @@ TEST_P(NfsBackendFaults, ALookAfterACommitThatTimedOutRestartsTheQuiet) {
       };
       h.rename = timed_out;
       h.link = timed_out;
-      h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
-        if (!std::strstr(path, ".ckptio-tmp.")) return 1;
-        ++looks;
-        return nfs_hooks::Fail(n, -EINTR, "Command timed out");
-      };
+      h.stat = FailTempLooks(looks, -EINTR, "Command timed out");
       nfs_hooks::Scope scope(h);
       Status s = Put(*backend_, "object", "bytes", mode);
       EXPECT_EQ(s.code(), Code::kUnavailable) << s;
@@ -706,6 +708,37 @@ TEST_P(NfsBackendFaults, AFolderMadeEarlierIsLookedAtAgain) {
   ASSERT_EQ(::unlink(step.c_str()), 0);
   EXPECT_TRUE(Put(*backend_, "step-000000000007/b", "second").ok());
   EXPECT_EQ(ReadLocal(step + "/b"), "second");
+}
+
+// A server that will not mount the store's folder itself, only its export:
+// the backend stays on the export (v3 tries the folder again once it has
+// made or found it, and is refused again), walks one folder more, checks
+// links by looking first, and works as before.
+TEST_P(NfsBackendFaults, AStoreWhoseFolderWillNotMountStaysOnItsExport) {
+  std::atomic<int> refused{0};
+  nfs_hooks::Hooks h;
+  h.mount = [&](nfs_context* n, const char* server, const char* path) {
+    if (!std::strstr(path, sub_.c_str())) return nfs_hooks::RealMount(n, server, path);
+    ++refused;
+    return nfs_hooks::Fail(n, -EACCES,
+                           "mount_cb: RPC error: Mount failed with error MNT3ERR_ACCES(13)");
+  };
+  nfs_hooks::Scope scope(h);
+  backend_ = Backend();
+  ASSERT_TRUE(backend_);
+  ASSERT_TRUE(Put(*backend_, "step-000000000001/a", "bytes", WriteMode::kCreateExclusive).ok());
+  auto got = Get(*backend_, "step-000000000001/a");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "bytes");
+  EXPECT_EQ(refused.load(), version() == 3 ? 2 : 1);
+  const std::string outside_dir = NfsServer::Shared().export_dir() + "/" + FreshFolder("outside");
+  std::ofstream(outside_dir + "/secret") << "not the store's";
+  ASSERT_EQ(::symlink((outside_dir + "/secret").c_str(), (dir_ + "/LATEST").c_str()), 0);
+  EXPECT_EQ(backend_->OpenObject("LATEST").status().code(), Code::kFailedPrecondition);
+  ASSERT_EQ(::symlink(outside_dir.c_str(), (dir_ + "/step-000000000002").c_str()), 0);
+  auto linked = backend_->OpenObject("step-000000000002/secret");
+  EXPECT_EQ(linked.status().code(), Code::kFailedPrecondition) << linked.status();
+  EXPECT_TRUE(Contains(linked.status().message(), "symbolic link")) << linked.status();
 }
 
 // A folder of the store that is a symbolic link is refused, naming it, and
