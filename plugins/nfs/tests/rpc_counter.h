@@ -18,9 +18,9 @@ namespace ckptio::testing {
 
 class RpcCounter {
  public:
-  // The calls seen, by name ("LOOKUP", "COMMIT", ...; NFSv4's COMPOUND, and
-  // other programs as "program/version/procedure"), in the order first seen
-  // per name: `order` lists every call, so a test can check a sequence.
+  // The calls seen, counted by name ("LOOKUP", "COMMIT", ...; NFSv4's
+  // COMPOUND, and other programs as "program/version/procedure"), and
+  // every call in the order sent (`order`), so a test can check a sequence.
   struct Calls {
     std::map<std::string, int> by_name;
     std::vector<std::string> order;
