@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -37,10 +38,10 @@ class Parser {
         max_depth_(max_depth),
         streamed_(streamed) {}
 
-  bool repeated_key = false;  // set when the parse stopped at a repeated member name,
-  std::string duplicate;      // that name (which may be "")
-  std::string error;          // set on a syntax error: what, and at which byte
-  bool too_deep = false;      // set when the parse stopped at nesting past max_depth
+  // Set when the parse stopped at a repeated member name (which may be "").
+  std::optional<std::string> duplicate;
+  std::string error;      // set on a syntax error: what, and at which byte
+  bool too_deep = false;  // set when the parse stopped at nesting past max_depth
 
   bool Parse() {
     if (end_ - p_ >= 3 && std::memcmp(p_, "\xEF\xBB\xBF", 3) == 0) p_ += 3;
@@ -373,7 +374,6 @@ class Parser {
       }
     }
     if (repeated) {
-      repeated_key = true;
       duplicate = std::string(k);
       return false;  // stop: the first one is enough
     }
@@ -482,8 +482,8 @@ Result<JsonTape> ParseStrictJson(std::string_view bytes, int max_depth, std::str
   Parser parser(bytes, tape, max_depth, streamed);
   if (!parser.Parse()) {
     if (parser.too_deep) return error("nests deeper than " + std::to_string(max_depth) + " levels");
-    if (parser.repeated_key)
-      return error("member \"" + Printable(parser.duplicate) + "\" appears twice");
+    if (parser.duplicate)
+      return error("member \"" + Printable(*parser.duplicate) + "\" appears twice");
     return error("is not valid JSON (torn or corrupt): " + parser.error);
   }
   return tape;
