@@ -174,15 +174,18 @@ class KillAtCommit : public ::ckptio::testing::ForwardingBackend {
 // returns success for step 2 (rank 0 by its deadline, naming rank 2), step 1
 // stays the newest committed step, and a relaunch loads step 1 and saves
 // striped again.
-// Rank 2's backend in the failure scenarios: the POSIX store at `path`
-// wrapped by `wrap` (null on the other ranks: me.Open opens the store).
+// A rank's striped Checkpointer in the failure scenarios, rank 2's on the
+// POSIX store at `path` wrapped by `wrap`.
 template <typename Wrap>
-Result<std::shared_ptr<StorageBackend>> Rank2Wrapped(const RankEnv& me, const std::string& path,
-                                                     Wrap wrap) {
-  if (me.rank != 2) return std::shared_ptr<StorageBackend>();
-  std::shared_ptr<StorageBackend> posix = OpenBackendForTest(path);
-  if (!posix) return Status(Code::kInternal, "no backend for " + path);
-  return std::shared_ptr<StorageBackend>(wrap(posix));
+Result<std::unique_ptr<Checkpointer>> OpenStriped(RankEnv& me, milliseconds timeout,
+                                                  const std::string& path, Wrap wrap) {
+  std::shared_ptr<StorageBackend> backend;
+  if (me.rank == 2) {
+    std::shared_ptr<StorageBackend> posix = OpenBackendForTest(path);
+    if (!posix) return Status(Code::kInternal, "no backend for " + path);
+    backend = wrap(posix);
+  }
+  return me.Open(timeout, /*stripe=*/true, backend);
 }
 
 // After a striped save of step 2 that failed: step 1 is still the newest
@@ -213,11 +216,9 @@ TEST_P(TorchRanksTest, AStripingRankKilledMidSaveFailsTheStepAndARelaunchRecover
   const Launch first = NewLaunch(/*agent_serves=*/true);
   Ranks ranks(first, [&](RankEnv& me) -> int {
     StripedTrainee t(kInitSeed);
-    auto backend = Rank2Wrapped(me, first.path, [](auto posix) {
+    auto ckpt = OpenStriped(me, kShort, first.path, [](auto posix) {
       return std::make_shared<KillAtCommit>(posix, "step-000000000002/");
     });
-    if (!backend.ok()) return Fail(me.rank, kExitSetup, backend.status().ToString());
-    auto ckpt = me.Open(kShort, /*stripe=*/true, *backend);
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
     State state = t.state();
     t.Train(1);
@@ -316,11 +317,9 @@ TEST_P(TorchRanksTest, AStripedSaveInterruptedWaitingForARankCommitsNothing) {
   const std::string held = first.path + ".held", release = first.path + ".release";
   Ranks ranks(first, [&](RankEnv& me) -> int {
     StripedTrainee t(kInitSeed);
-    auto backend = Rank2Wrapped(me, first.path, [&](auto posix) {
+    auto ckpt = OpenStriped(me, kTimeout, first.path, [&](auto posix) {
       return std::make_shared<HoldBeforeWriting>(posix, "step-000000000002/", held, release);
     });
-    if (!backend.ok()) return Fail(me.rank, kExitSetup, backend.status().ToString());
-    auto ckpt = me.Open(kTimeout, /*stripe=*/true, *backend);
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
     State state = t.state();
     t.Train(1);
