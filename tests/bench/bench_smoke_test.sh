@@ -31,12 +31,19 @@ for k in ("ckptio_load_module", "memcpy", "ckptio_save_async_stall", "ckptio_sav
     assert large[k] > 0, k
 assert all(v is not None and v > 0 for v in d["ratios"].values()), d["ratios"]
 assert large["ckptio_save_hashed"] > 0 and large["ckptio_save_unhashed"] > 0
-assert -1 < d["checksum_share_of_save"] < 1, d["checksum_share_of_save"]
+runs = d["shapes"]["large"]["runs"]
+def share(where):
+    # 1 - best unhashed / best hashed, as PERFORMANCE.md defines it; no bound
+    # below: on a 2 MiB save with one run the unhashed one may well take longer.
+    want = 1 - min(runs["ckptio_save_unhashed" + where]) / min(runs["ckptio_save_hashed" + where])
+    got = d["checksum_share_of_save" + where]
+    assert abs(got - want) < 1e-9 and got < 1, (where, got, want)
+share("")
 # The commit, or null where the source is not a git checkout (the trixie chroot's copy).
 assert "commit" in d and (d["commit"] is None or d["commit"]), d.get("commit")
 if "ckptio_save_hashed_tmpfs" in large:  # where /dev/shm has room
     assert large["ckptio_save_unhashed_tmpfs"] > 0
-    assert -1 < d["checksum_share_of_save_tmpfs"] < 1, d["checksum_share_of_save_tmpfs"]
+    share("_tmpfs")
 assert d["machine"]["cores"] >= 1
 assert isinstance(d["sanity"]["ok"], bool) and isinstance(d["sanity"]["failures"], list)
 assert d["sanity"]["ok"] == (not d["sanity"]["failures"])
