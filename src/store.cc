@@ -137,6 +137,42 @@ Result<std::unique_ptr<CheckpointReader>> Store::OpenStep(int64_t step) {
       new CheckpointReader(backend_, std::move(loaded.manifest), loaded.hash));
 }
 
+Result<std::optional<StepChoice>> Store::ChooseStep(std::optional<int64_t> step,
+                                                    const StepCheck& verify) {
+  std::vector<int64_t> candidates;
+  if (step) {
+    candidates.push_back(*step);
+  } else {
+    // Manifests are read (and checked) once, by OpenStep below.
+    auto steps = ListStepsWithManifest();
+    if (!steps.ok() && steps.status().code() == Code::kNotFound) return std::optional<StepChoice>();
+    CKPTIO_RETURN_IF_ERROR(steps.status());
+    candidates.assign(steps->rbegin(), steps->rend());
+    if (candidates.empty()) return std::optional<StepChoice>();
+  }
+  StepChoice choice;
+  for (int64_t candidate : candidates) {
+    auto reader = OpenStep(candidate);
+    Status v = !reader.ok() ? reader.status()
+               : verify     ? verify(std::move(*reader))
+                            : (*reader)->Verify();
+    if (v.ok()) {
+      choice.step = candidate;
+      return std::optional<StepChoice>(std::move(choice));
+    }
+    if (v.code() != Code::kDataLoss || step) return v;
+    if (choice.skipped.size() < 50)
+      choice.skipped.emplace_back(candidate, v.message().substr(0, 300));
+  }
+  return Status(Code::kDataLoss, "no checkpoint in " + uri() +
+                                     " verifies; newest problem: " + choice.skipped.front().second);
+}
+
+std::string SkippedStepWarning(int64_t skipped, int64_t loading, std::string_view why) {
+  return "step " + std::to_string(skipped) + " failed verification and is skipped; loading step " +
+         std::to_string(loading) + " instead (" + std::string(why) + ")";
+}
+
 Result<std::unique_ptr<CheckpointReader>> Store::OpenLatest() {
   CKPTIO_ASSIGN_OR_RETURN(std::optional<Latest> latest, ReadLatest());
   if (!latest)

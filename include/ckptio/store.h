@@ -47,6 +47,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ckptio/backend.h"
@@ -332,6 +333,18 @@ class CKPTIO_EXPORT StoreWriter {
   std::unique_ptr<State> state_;
 };
 
+// The step a load takes, and the newer ones it skipped.
+struct CKPTIO_EXPORT StepChoice {
+  int64_t step = 0;
+  // Newer steps that failed verification, with the reason (the first 50,
+  // 300 bytes of reason each: a decision travels as one small record).
+  std::vector<std::pair<int64_t, std::string>> skipped;
+};
+// What a load logs for a step it skipped: "step 7 failed verification and
+// is skipped; loading step 6 instead (<why>)".
+CKPTIO_EXPORT std::string SkippedStepWarning(int64_t skipped, int64_t loading,
+                                             std::string_view why);
+
 class CKPTIO_EXPORT Store {
  public:
   // Opens the store at `uri` with the backend registered for its scheme.
@@ -365,6 +378,20 @@ class CKPTIO_EXPORT Store {
   // Opens the step LATEST names and checks that its manifest is the one
   // LATEST recorded. NotFound when the store has no LATEST.
   Result<std::unique_ptr<CheckpointReader>> OpenLatest();
+
+  // The one rule of every load: `step` if given (its error if it does not
+  // verify), else the newest step with a manifest that verifies, skipping
+  // damaged ones (DataLoss) only; any other error stops the choice. nullopt
+  // when the store holds no checkpoint (a fresh start); DataLoss naming the
+  // newest problem when checkpoints exist but none verifies.
+  // `verify` is handed each candidate, opened (its manifest checked), and
+  // says whether it is good; by default CheckpointReader::Verify, which
+  // reads every byte and keeps none (one chunk in memory at a time, so a
+  // process that only chooses, like the coordinator of a sharded load,
+  // never holds the step). A loader passes a check that keeps what it read.
+  using StepCheck = std::function<Status(std::unique_ptr<CheckpointReader>)>;
+  Result<std::optional<StepChoice>> ChooseStep(std::optional<int64_t> step,
+                                               const StepCheck& verify = {});
 
   // Takes the writer lock (waiting up to options.lock_wait): a second writer
   // gets FailedPrecondition naming the holder's last known host and pid.

@@ -316,9 +316,9 @@ class StorageReader(_dcp.StorageReader):
         return int(box.item())
 
     def _newest_good(self):
-        # (Loads and verifies every byte; no tensor is handed to Python.)
-        step, _skipped = _ckptio.load_one(self.uri, {}, None, "cpu", None)
-        return step
+        # (Reads and verifies every byte, keeping none: the chooser never
+        # holds the step in memory, however large the sharded state.)
+        return _ckptio.Store(self.uri).newest_good()
 
     def read_metadata(self):
         step = self._choose_step()

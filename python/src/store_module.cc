@@ -17,6 +17,7 @@
 
 #include "binding_util.h"
 #include "ckptio/backends.h"
+#include "ckptio/log.h"
 #include "ckptio/store.h"
 
 namespace py = pybind11;
@@ -197,6 +198,16 @@ class PyStore {
     auto reader = Value(Released([&] { return store_->OpenStep(step); }));
     return PyStepReader(std::move(reader));
   }
+  // The newest step that verifies (Store::ChooseStep: every byte read and
+  // checked, none kept), each newer one it skips logged; NotFound when
+  // nothing is saved yet.
+  int64_t NewestGood() {
+    auto choice = Value(Released([&] { return store_->ChooseStep(std::nullopt); }));
+    if (!choice) Raise(Status(Code::kNotFound, "nothing saved in " + store_->uri() + " yet"));
+    for (const auto& [step, why] : choice->skipped)
+      Log(LogLevel::kWarning, SkippedStepWarning(step, choice->step, why));
+    return choice->step;
+  }
   // The store's committed keys under `prefix` (tools and tests: what a
   // save has committed so far, on any backend).
   std::vector<std::string> Keys(const std::string& prefix) {
@@ -234,6 +245,7 @@ void BindStore(py::module_& m) {
            py::arg("world_size"))
       .def("begin_stripe", &PyStore::BeginStripe, py::arg("step"), py::arg("rank"))
       .def("open_step", &PyStore::OpenStep, py::arg("step"))
+      .def("newest_good", &PyStore::NewestGood)
       .def("keys", &PyStore::Keys, py::arg("prefix") = "");
 }
 

@@ -295,9 +295,7 @@ Result<LoadResult> Checkpointer::Impl::Load(State& state, const LoadOptions& opt
   const LoadResult& r = *decided;
   const int64_t step = *r.step;
   for (const auto& [skipped, why] : r.skipped)
-    Log(LogLevel::kWarning, rank_.ToString() + ": step " + std::to_string(skipped) +
-                                " failed verification and is skipped; loading step " +
-                                std::to_string(step) + " instead (" + why + ")");
+    Log(LogLevel::kWarning, rank_.ToString() + ": " + SkippedStepWarning(skipped, step, why));
   // Not rank 0 (which holds the step open): the step rank 0 chose and
   // verified can be gone before this rank reads it, and this rank may not
   // pick another.

@@ -13,45 +13,22 @@
 #include "torch/tensors.h"
 
 namespace ckptio::internal {
-namespace {
-
-// `step` opened and every object verified: DataLoss when it is damaged.
-Result<std::unique_ptr<OpenedStep>> OpenVerified(Store& store, int64_t step) {
-  auto opened = std::make_unique<OpenedStep>();
-  CKPTIO_ASSIGN_OR_RETURN(opened->reader, store.OpenStep(step));
-  CKPTIO_RETURN_IF_ERROR(opened->ViewAll());
-  return opened;
-}
-
-}  // namespace
 
 Result<std::optional<ChosenStep>> ChooseStep(Store& store, std::optional<int64_t> step) {
-  std::vector<int64_t> candidates;
-  if (step) {
-    candidates.push_back(*step);
-  } else {
-    // Manifests are read (and checked) once, by OpenVerified below.
-    auto steps = store.ListStepsWithManifest();
-    if (!steps.ok() && steps.status().code() == Code::kNotFound) return std::optional<ChosenStep>();
-    CKPTIO_RETURN_IF_ERROR(steps.status());
-    candidates.assign(steps->rbegin(), steps->rend());
-    if (candidates.empty()) return std::optional<ChosenStep>();
-  }
+  // Each candidate's objects viewed (and verified) once, kept for the load.
+  std::unique_ptr<OpenedStep> opened;
+  CKPTIO_ASSIGN_OR_RETURN(
+      auto choice, store.ChooseStep(step, [&opened](std::unique_ptr<CheckpointReader> reader) {
+        opened = std::make_unique<OpenedStep>();
+        opened->reader = std::move(reader);
+        return opened->ViewAll();
+      }));
+  if (!choice) return std::optional<ChosenStep>();
   ChosenStep chosen;
-  for (int64_t candidate : candidates) {
-    auto opened = OpenVerified(store, candidate);
-    if (opened.ok()) {
-      chosen.step = candidate;
-      chosen.opened = std::move(*opened);
-      return std::optional<ChosenStep>(std::move(chosen));
-    }
-    const Status& v = opened.status();
-    if (v.code() != Code::kDataLoss || step) return v;
-    if (chosen.skipped.size() < 50)
-      chosen.skipped.emplace_back(candidate, v.message().substr(0, 300));
-  }
-  return Status(Code::kDataLoss, "no checkpoint in " + store.uri() +
-                                     " verifies; newest problem: " + chosen.skipped.front().second);
+  chosen.step = choice->step;
+  chosen.opened = std::move(opened);
+  chosen.skipped = std::move(choice->skipped);
+  return std::optional<ChosenStep>(std::move(chosen));
 }
 
 std::string ShapeStr(const std::vector<int64_t>& s) {

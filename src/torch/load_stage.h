@@ -45,20 +45,16 @@ struct OpenedStep {
   }
 };
 
-// The step a load takes, opened and verified, and the newer ones skipped.
+// The step a load takes, opened and verified, and the newer ones skipped
+// (StepChoice's).
 struct ChosenStep {
   int64_t step = 0;
   std::unique_ptr<OpenedStep> opened;
-  // Newer steps that failed verification, with the reason (the first 50,
-  // 300 bytes of reason each: a decision travels as one small record).
   std::vector<std::pair<int64_t, std::string>> skipped;
 };
-// The one rule of every load: `step` if given (its error if it does not
-// verify), else the newest step that verifies, skipping damaged ones
-// (DATA_LOSS) only; any other error stops the choice. nullopt when the store
-// holds no checkpoint (a fresh start); DATA_LOSS naming the newest problem
-// when checkpoints exist but none verifies. Used by Checkpointer::Load
-// (rank 0's decision) and the one-liner ckptio::load.
+// Store::ChooseStep, the one rule of every load, with each candidate's
+// objects viewed and the chosen step's views kept for the load. Used by
+// Checkpointer::Load (rank 0's decision) and the one-liner ckptio::load.
 Result<std::optional<ChosenStep>> ChooseStep(Store& store, std::optional<int64_t> step);
 
 // Everything a load will apply, prepared without touching the caller's state.

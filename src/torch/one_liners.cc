@@ -53,9 +53,7 @@ Result<LoadResult> load(State& state, std::string_view uri, const LoadOptions& o
   result.step = chosen->step;
   result.skipped = std::move(chosen->skipped);
   for (const auto& [step, why] : result.skipped)
-    Log(LogLevel::kWarning, "step " + std::to_string(step) +
-                                " failed verification and is skipped; loading step " +
-                                std::to_string(chosen->step) + " instead (" + why + ")");
+    Log(LogLevel::kWarning, SkippedStepWarning(step, chosen->step, why));
   const std::string what = "load of step " + std::to_string(chosen->step) + " from " + store->uri();
   Staged staged;
   CKPTIO_RETURN_IF_ERROR(Guard(what, [&]() -> Status {
