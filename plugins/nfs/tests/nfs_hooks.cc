@@ -108,6 +108,10 @@ int RealFstat(nfs_context* n, nfsfh* fh, nfs_stat_64* st) {
   static auto real = CKPTIO_REAL(nfs_fstat64);
   return real(n, fh, st);
 }
+int RealClose(nfs_context* n, nfsfh* fh) {
+  static auto real = CKPTIO_REAL(nfs_close);
+  return real(n, fh);
+}
 
 // Fails a call as libnfs does: result `rc`, and `text` as the error.
 int Fail(nfs_context* n, int rc, const std::string& text) {
@@ -236,6 +240,10 @@ int nfs_open2(struct nfs_context* n, const char* p, int flags, int mode, struct 
 int nfs_fstat64(struct nfs_context* n, struct nfsfh* fh, struct nfs_stat_64* st) {
   if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::fstat)) return h(n, fh, st);
   return nfs_hooks::RealFstat(n, fh, st);
+}
+int nfs_close(struct nfs_context* n, struct nfsfh* fh) {
+  if (auto h = nfs_hooks::Get(&nfs_hooks::Hooks::close)) return h(n, fh);
+  return nfs_hooks::RealClose(n, fh);
 }
 }  // extern "C"
 #pragma GCC visibility pop

@@ -35,6 +35,7 @@ struct Hooks {
   std::function<int(nfs_context*, nfsfh*, nfs4_lock_op, uint64_t)> lockf;
   std::function<int(nfs_context*, const char*, int, int, nfsfh**)> open2;
   std::function<int(nfs_context*, nfsfh*, nfs_stat_64*)> fstat;
+  std::function<int(nfs_context*, nfsfh*)> close;
 };
 
 // WRITEs sent with nfs_pwrite_async and not yet answered; the most at once.
@@ -63,6 +64,7 @@ int RealPread(nfs_context* n, nfsfh* fh, uint64_t off, uint64_t count, void* buf
 int RealLockf(nfs_context* n, nfsfh* fh, nfs4_lock_op op, uint64_t count);
 int RealOpen2(nfs_context* n, const char* p, int flags, int mode, nfsfh** fh);
 int RealFstat(nfs_context* n, nfsfh* fh, nfs_stat_64* st);
+int RealClose(nfs_context* n, nfsfh* fh);
 
 // Fails a call as libnfs does: result `rc`, and `text` as the error.
 int Fail(nfs_context* n, int rc, const std::string& text);

@@ -710,6 +710,76 @@ TEST_P(NfsBackendFaults, AFolderMadeEarlierIsLookedAtAgain) {
   EXPECT_EQ(ReadLocal(step + "/b"), "second");
 }
 
+// A look at the folder made last that fails other than as "not there"
+// fails the create with that error: no MKDIR, no temp.
+TEST_P(NfsBackendFaults, AFailedLookAtAFolderMadeEarlierFailsTheCreate) {
+  ASSERT_TRUE(Put(*backend_, "step-000000000008/a", "first").ok());
+  auto is_step = [](const char* path) {
+    const std::string p = path, step = "/step-000000000008";
+    return p.size() >= step.size() && p.compare(p.size() - step.size(), step.size(), step) == 0;
+  };
+  std::atomic<int> looks{0}, mkdirs{0}, creates{0};
+  nfs_hooks::Hooks h;
+  h.stat = [&](nfs_context* n, const char* path, nfs_stat_64*) {
+    if (!is_step(path)) return 1;
+    ++looks;
+    return nfs_hooks::Fail(n, -EACCES, "NFS3ERR_ACCES");
+  };
+  h.mkdir = [&](nfs_context* n, const char* path) {
+    if (is_step(path)) ++mkdirs;
+    return nfs_hooks::RealMkdir(n, path);
+  };
+  h.open2 = [&](nfs_context* n, const char* path, int flags, int mode, nfsfh** fh) {
+    ++creates;
+    return nfs_hooks::RealOpen2(n, path, flags, mode, fh);
+  };
+  {
+    nfs_hooks::Scope scope(h);
+    auto w = backend_->NewObject("step-000000000008/b", WriteMode::kCreateExclusive);
+    EXPECT_EQ(w.status().code(), Code::kPermissionDenied) << w.status();
+    EXPECT_TRUE(Contains(w.status().message(), "stat ") &&
+                Contains(w.status().message(), "step-000000000008"))
+        << w.status();
+  }
+  EXPECT_EQ(looks.load(), 1);
+  EXPECT_EQ(mkdirs.load(), 0);
+  EXPECT_EQ(creates.load(), 0);
+  EXPECT_TRUE(Put(*backend_, "step-000000000008/b", "second").ok());
+  EXPECT_EQ(ReadLocal(dir_ + "/step-000000000008/b"), "second");
+}
+
+// An object whose open file cannot be looked at (GETATTR fails) is not
+// opened: the error names it, the file is closed, and the connection goes
+// on.
+TEST_P(NfsBackendFaults, AnOpenWhoseLookAtTheFileFailsIsAnError) {
+  ASSERT_TRUE(Put(*backend_, "step-000000000009/a", "bytes", WriteMode::kCreateExclusive).ok());
+  std::atomic<int> looks{0}, closed{0};
+  std::atomic<nfsfh*> looked_at{nullptr};
+  nfs_hooks::Hooks h;
+  h.fstat = [&](nfs_context* n, nfsfh* fh, nfs_stat_64*) {
+    ++looks;
+    looked_at = fh;
+    return nfs_hooks::Fail(n, -EACCES, "NFS3ERR_ACCES");
+  };
+  h.close = [&](nfs_context* n, nfsfh* fh) {
+    if (fh == looked_at.load()) ++closed;
+    return nfs_hooks::RealClose(n, fh);
+  };
+  {
+    nfs_hooks::Scope scope(h);
+    auto r = backend_->OpenObject("step-000000000009/a");
+    EXPECT_EQ(r.status().code(), Code::kPermissionDenied) << r.status();
+    EXPECT_TRUE(Contains(r.status().message(), "fstat ") &&
+                Contains(r.status().message(), "step-000000000009/a"))
+        << r.status();
+  }
+  EXPECT_EQ(looks.load(), 1);
+  EXPECT_EQ(closed.load(), 1) << "the file was left open";
+  auto got = Get(*backend_, "step-000000000009/a");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "bytes");
+}
+
 // A server that will not mount the store's folder itself, only its export:
 // the backend stays on the export (v3 tries the folder again once it has
 // made or found it, and is refused again), walks one folder more, checks
