@@ -194,9 +194,8 @@ TEST_F(StoreTest, ListStepsSeesManifestsDamagedAfterTheyWereListedOrCommitted) {
   for (const StepEntry& e : again) EXPECT_EQ(e.state, StepState::kCorrupt) << "step " << e.step;
 }
 
-// Forwards reads through ReadAt only, no memory map: what a reader takes
-// in lands in the process's own memory, as it does from NFS or S3.
-class UnmappedBackend : public testing::ForwardingBackend {
+// Forwards to a backend but cannot map objects: views take the buffer path.
+class NoMapBackend : public testing::ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
@@ -208,9 +207,9 @@ class UnmappedBackend : public testing::ForwardingBackend {
       }
     };
     CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::OpenObject(key));
-    auto reader = std::make_unique<Reader>();
-    reader->inner = std::move(inner);
-    return std::unique_ptr<ObjectReader>(std::move(reader));
+    auto r = std::make_unique<Reader>();
+    r->inner = std::move(inner);
+    return std::unique_ptr<ObjectReader>(std::move(r));
   }
 };
 
@@ -245,8 +244,9 @@ TEST_F(StoreTest, ChoosingAStepSkipsDamagedOnesAndKeepsNoneOfItsBytes) {
   testing::FlipBit(manifest3, testing::ReadFile(manifest3).size() / 2, 1);
   w.reset();
 
-  // Every byte is read (through ReadAt: nothing mapped), one chunk at a time.
-  Store store(std::make_shared<UnmappedBackend>(*NewPosixBackend(dir_.Sub("store"))));
+  // Every byte is read (through ReadAt: nothing mapped, as from NFS or S3),
+  // one chunk at a time.
+  Store store(std::make_shared<NoMapBackend>(*NewPosixBackend(dir_.Sub("store"))));
   Result<std::optional<StepChoice>> choice = std::optional<StepChoice>();
   const uint64_t peak = PeakGrowth([&] { choice = store.ChooseStep(std::nullopt); });
   ASSERT_TRUE(choice.ok()) << choice.status();
@@ -394,25 +394,6 @@ TEST_F(StoreTest, ReadOfATruncatedObjectIsDataLossAndZeroesTheBuffer) {
   EXPECT_NE(s.message().find("step 1"), std::string::npos) << s;
   EXPECT_EQ(buf, std::string(100, '\0'));
 }
-
-// Forwards to a backend but cannot map objects: views take the buffer path.
-class NoMapBackend : public testing::ForwardingBackend {
- public:
-  using ForwardingBackend::ForwardingBackend;
-  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
-    struct Reader : ObjectReader {
-      std::unique_ptr<ObjectReader> inner;
-      uint64_t Size() const override { return inner->Size(); }
-      Status ReadAt(uint64_t offset, void* buf, size_t size) override {
-        return inner->ReadAt(offset, buf, size);
-      }
-    };
-    CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::OpenObject(key));
-    auto r = std::make_unique<Reader>();
-    r->inner = std::move(inner);
-    return std::unique_ptr<ObjectReader>(std::move(r));
-  }
-};
 
 // Forwards to a backend, but a manifest's commit fails: after it took
 // effect (its reply lost on the network, say), or before.
