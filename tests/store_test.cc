@@ -235,8 +235,8 @@ uint64_t PeakGrowth(F&& f) {
 TEST_F(StoreTest, ChoosingAStepSkipsDamagedOnesAndKeepsNoneOfItsBytes) {
   EXPECT_FALSE(*store_->ChooseStep(std::nullopt)) << "nothing saved: a fresh start";
   auto w = Writer();
-  constexpr size_t kObject = 48 << 20;
-  ASSERT_TRUE(Save(*w, 1, {{"a", RandomBytes(kObject, 1)}, {"b", RandomBytes(kObject, 2)}}).ok());
+  constexpr size_t kObject = 64 << 20;  // 16 chunks
+  ASSERT_TRUE(Save(*w, 1, {{"a", RandomBytes(kObject, 1)}, {"b", RandomBytes(1000, 2)}}).ok());
   ASSERT_TRUE(Save(*w, 2, {{"a", RandomBytes(kObject, 3)}}).ok());
   ASSERT_TRUE(Save(*w, 3, {{"a", "x"}}).ok());
   testing::FlipBit(dir_.Sub("store/" + StepDirName(2) + "/a"), kObject - 1, 3);
@@ -258,7 +258,8 @@ TEST_F(StoreTest, ChoosingAStepSkipsDamagedOnesAndKeepsNoneOfItsBytes) {
   EXPECT_EQ((*choice)->skipped[1].first, 2);
   EXPECT_NE((*choice)->skipped[1].second.find("chunk"), std::string::npos)
       << (*choice)->skipped[1].second;
-  EXPECT_LT(peak, kObject / 3) << "choosing held an object's bytes";
+  // (A chunk, 4 MiB, and what ASan or TSan keep beside it: 21 MB under TSan.)
+  EXPECT_LT(peak, kObject / 2) << "choosing held an object's bytes";
   // The measure sees an object held: a check that keeps what it viewed.
   std::vector<std::shared_ptr<ObjectView>> kept;
   const uint64_t viewed = PeakGrowth([&] {
@@ -272,7 +273,7 @@ TEST_F(StoreTest, ChoosingAStepSkipsDamagedOnesAndKeepsNoneOfItsBytes) {
   });
   ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
   EXPECT_EQ((*choice)->step, 1);
-  EXPECT_GE(viewed, 2 * kObject);
+  EXPECT_GE(viewed, kObject);
 
   // A step asked for by number is that step or its error; when no step
   // verifies, the newest problem is named.
