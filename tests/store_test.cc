@@ -286,6 +286,58 @@ TEST_F(StoreTest, ChoosingAStepSkipsDamagedOnesAndKeepsNoneOfItsBytes) {
   EXPECT_NE(none.status().message().find("MANIFEST.json"), std::string::npos) << none.status();
 }
 
+// Reads of one object fail with UNAVAILABLE (a server that stopped answering).
+class UnreadableObjectBackend : public testing::ForwardingBackend {
+ public:
+  UnreadableObjectBackend(std::shared_ptr<StorageBackend> inner, std::string key)
+      : ForwardingBackend(std::move(inner)), key_(std::move(key)) {}
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    struct Reader : ObjectReader {
+      std::unique_ptr<ObjectReader> inner;
+      uint64_t Size() const override { return inner->Size(); }
+      Status ReadAt(uint64_t, void*, size_t) override {
+        return Status(Code::kUnavailable, "the server did not answer");
+      }
+    };
+    CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::OpenObject(key));
+    if (key != key_) return inner;
+    auto r = std::make_unique<Reader>();
+    r->inner = std::move(inner);
+    return std::unique_ptr<ObjectReader>(std::move(r));
+  }
+
+ private:
+  std::string key_;
+};
+
+TEST_F(StoreTest, ChoosingAStepStopsAtAnErrorThatIsNotDamage) {
+  auto w = Writer();
+  ASSERT_TRUE(Save(*w, 1, {{"a", "one"}}).ok());
+  ASSERT_TRUE(Save(*w, 2, {{"a", "two"}}).ok());
+  w.reset();
+  // Step 2 cannot be read now; it is not known to be damaged, so step 1 is
+  // not loaded in its place (a resume from an older step loses work).
+  Store store(std::make_shared<UnreadableObjectBackend>(*NewPosixBackend(dir_.Sub("store")),
+                                                        StepDirName(2) + "/a"));
+  auto choice = store.ChooseStep(std::nullopt);
+  EXPECT_EQ(choice.status().code(), Code::kUnavailable) << choice.status();
+  EXPECT_NE(choice.status().message().find("did not answer"), std::string::npos) << choice.status();
+  // The same for an error of the caller's check.
+  int checked = 0;
+  choice = store_->ChooseStep(std::nullopt, [&](std::unique_ptr<CheckpointReader>) {
+    ++checked;
+    return Status(Code::kResourceExhausted, "no memory for the views");
+  });
+  EXPECT_EQ(choice.status().code(), Code::kResourceExhausted) << choice.status();
+  EXPECT_EQ(checked, 1) << "only the newest step was checked";
+  // Damage, by contrast, is skipped.
+  choice = store_->ChooseStep(std::nullopt, [&](std::unique_ptr<CheckpointReader> r) {
+    return r->step() == 2 ? Status(Code::kDataLoss, "torn") : OkStatus();
+  });
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->step, 1);
+}
+
 TEST_F(StoreTest, CommitRefusesOpenOrFailedStreams) {
   auto w = Writer();
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(3));

@@ -246,9 +246,9 @@ Result<LoadResult> Checkpointer::Impl::Decide(const std::string& name, const Loa
                 {"message", chosen.status().message()}};
       if (!chosen->has_value()) return {{"none", true}};
       json skipped = json::array();
-      for (const auto& [step, why] : (*chosen)->skipped) skipped.push_back({step, why});
+      for (const auto& [step, why] : (*chosen)->choice.skipped) skipped.push_back({step, why});
       *verified = std::move((*chosen)->opened);
-      return {{"step", (*chosen)->step}, {"skipped", skipped}};
+      return {{"step", (*chosen)->choice.step}, {"skipped", skipped}};
     }();
     if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(PublishDecision(name, DecisionText(decision)));
   } else {

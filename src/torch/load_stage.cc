@@ -24,11 +24,7 @@ Result<std::optional<ChosenStep>> ChooseStep(Store& store, std::optional<int64_t
         return opened->ViewAll();
       }));
   if (!choice) return std::optional<ChosenStep>();
-  ChosenStep chosen;
-  chosen.step = choice->step;
-  chosen.opened = std::move(opened);
-  chosen.skipped = std::move(choice->skipped);
-  return std::optional<ChosenStep>(std::move(chosen));
+  return std::optional<ChosenStep>(ChosenStep{std::move(*choice), std::move(opened)});
 }
 
 std::string ShapeStr(const std::vector<int64_t>& s) {

@@ -45,12 +45,10 @@ struct OpenedStep {
   }
 };
 
-// The step a load takes, opened and verified, and the newer ones skipped
-// (StepChoice's).
+// The step a load takes (and the newer ones skipped), opened and verified.
 struct ChosenStep {
-  int64_t step = 0;
+  StepChoice choice;
   std::unique_ptr<OpenedStep> opened;
-  std::vector<std::pair<int64_t, std::string>> skipped;
 };
 // Store::ChooseStep, the one rule of every load, with each candidate's
 // objects viewed and the chosen step's views kept for the load. Used by

@@ -50,11 +50,12 @@ Result<LoadResult> load(State& state, std::string_view uri, const LoadOptions& o
   CKPTIO_ASSIGN_OR_RETURN(auto chosen, ChooseStep(*store, options.step));
   if (!chosen) return Status(Code::kNotFound, "nothing saved in " + store->uri() + " yet");
   LoadResult result;
-  result.step = chosen->step;
-  result.skipped = std::move(chosen->skipped);
+  result.step = chosen->choice.step;
+  result.skipped = std::move(chosen->choice.skipped);
   for (const auto& [step, why] : result.skipped)
-    Log(LogLevel::kWarning, SkippedStepWarning(step, chosen->step, why));
-  const std::string what = "load of step " + std::to_string(chosen->step) + " from " + store->uri();
+    Log(LogLevel::kWarning, SkippedStepWarning(step, chosen->choice.step, why));
+  const std::string what =
+      "load of step " + std::to_string(chosen->choice.step) + " from " + store->uri();
   Staged staged;
   CKPTIO_RETURN_IF_ERROR(Guard(what, [&]() -> Status {
     CKPTIO_ASSIGN_OR_RETURN(staged, Stage(*chosen->opened, state, options.map_location, Single(),
