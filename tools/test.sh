@@ -3,9 +3,9 @@
 # suite with ctest: first the normal build (./build), then the same tests
 # built with AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan).
 # Then the lock and coordination tests (NFS locks too) under ThreadSanitizer
-# (./build-tsan), the suite built against LibTorch 2.6 in a Debian trixie chroot
-# (tools/torch2-check.sh; root only, made once and kept), and the libFuzzer
-# targets (tools/fuzz.sh) for a bounded time each.
+# (./build-tsan), the tests that touch LibTorch built against LibTorch 2.6 in a
+# Debian trixie chroot (tools/torch2-check.sh; root only, made once and kept),
+# and the libFuzzer targets (tools/fuzz.sh) for a bounded time each.
 # Set CKPTIO_SANITIZERS=0 to skip the sanitizer pass, CKPTIO_TORCH2=0 to skip
 # the LibTorch 2.x pass and CKPTIO_FUZZ=0 to skip fuzzing. Extra arguments go to
 # ctest (e.g. -R Manifest; the NFS lock pass under TSan then does not run).
@@ -104,7 +104,8 @@ if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   fi
 fi
 if [ "${CKPTIO_TORCH2:-1}" != 0 ]; then
-  # The same suite built against LibTorch 2.6 in a Debian trixie chroot.
+  # The tests that touch LibTorch, built against LibTorch 2.6 in a Debian
+  # trixie chroot.
   echo "== test suite: LibTorch 2.x (tools/torch2-check.sh)"
   set +e
   "$CKPTIO_ROOT/tools/torch2-check.sh" "$@" 2>&1 | tee "$log"
