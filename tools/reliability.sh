@@ -107,8 +107,8 @@ HEAD
     build/bin/fault_sweep_test            # one scenario at a time
 
 Sanitizers: AddressSanitizer and UndefinedBehaviorSanitizer run the whole
-suite (but the Python package's tests and the documentation's compiled
-examples); ThreadSanitizer runs the lock and coordination tests (store, writer
+suite (but the Python package's tests, the documentation's compiled
+examples and the DDP demo's whole runs); ThreadSanitizer runs the lock and coordination tests (store, writer
 lock, coordination, POSIX backend conformance with threads, and the NFS
 lock tests: v4 renewals and releases, v3 leases).
 

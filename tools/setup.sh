@@ -70,5 +70,8 @@ build_tree() {
   cmake --build "$dir" ${CKPTIO_BUILD_TARGETS:+--target $CKPTIO_BUILD_TARGETS} -- -j"$(nproc)"
 }
 
-# shellcheck disable=SC2086
-build_tree "$BUILD_DIR" ${CKPTIO_CMAKE_ARGS:-}
+# (CKPTIO_SETUP_BUILD=0: the packages and settings only; the caller builds.)
+if [ "${CKPTIO_SETUP_BUILD:-1}" != 0 ]; then
+  # shellcheck disable=SC2086
+  build_tree "$BUILD_DIR" ${CKPTIO_CMAKE_ARGS:-}
+fi

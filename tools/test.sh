@@ -15,13 +15,14 @@
 set -euo pipefail
 
 passed=0 failed=0 skipped=0 status=0 summarized=0 filtered=$#
+torch2_prep="" torch2_prep_pid="" # the chroot made in the background (below)
 failures="" # "pass: test" lines, repeated above the summary
 log=$(mktemp)
 # The summary is the last line even when a build stops the script early
 # (set -e): the stop counts as one more failure.
 on_exit() {
   local rc=$?
-  rm -f "$log"
+  rm -f "$log" "$torch2_prep"
   if [ "$summarized" = 0 ]; then
     list_failures
     echo "test.sh: stopped early (exit $rc), most likely a build failed: see above"
@@ -36,7 +37,17 @@ list_failures() {
   printf '%s' "$failures"
 }
 trap on_exit EXIT
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+CKPTIO_SETUP_BUILD=0 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+# The LibTorch 2.x chroot's first making (debootstrap, then its packages)
+# mostly waits on the mirror: it goes on, at low priority, while the builds
+# run (tools/torch2-check.sh --prepare; the pass below waits for it).
+if [ "${CKPTIO_TORCH2:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
+  torch2_prep=$(mktemp)
+  nice -n 10 "$CKPTIO_ROOT/tools/torch2-check.sh" --prepare >"$torch2_prep" 2>&1 &
+  torch2_prep_pid=$!
+fi
+# shellcheck disable=SC2086
+build_tree "$BUILD_DIR" ${CKPTIO_CMAKE_ARGS:-}
 
 # run_suite DIR LABEL [CTEST_ARGS...]
 run_suite() {
@@ -80,9 +91,12 @@ count() {
 run_suite "$BUILD_DIR" "release" "$@"
 if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   build_tree "$CKPTIO_ROOT/build-asan" -DCKPTIO_SANITIZE=address,undefined
+  # All but the DDP demo's whole runs (label demo: a minute or more each under ASan,
+  # and one at a time); the library paths they take, ranks killed included,
+  # run here in the torch and coordination tests.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     LSAN_OPTIONS=suppressions=$CKPTIO_ROOT/tools/lsan.supp \
-    run_suite "$CKPTIO_ROOT/build-asan" "asan+ubsan" "$@"
+    run_suite "$CKPTIO_ROOT/build-asan" "asan+ubsan" -LE demo "$@"
 fi
 if [ "${CKPTIO_SANITIZERS:-1}" != 0 ]; then
   # The lock and coordination tests again, under ThreadSanitizer.
@@ -107,6 +121,10 @@ if [ "${CKPTIO_TORCH2:-1}" != 0 ]; then
   # The tests that touch LibTorch, built against LibTorch 2.6 in a Debian
   # trixie chroot.
   echo "== test suite: LibTorch 2.x (tools/torch2-check.sh)"
+  if [ -n "$torch2_prep_pid" ]; then
+    wait "$torch2_prep_pid" || true  # (its errors recur, and are counted, below)
+    cat "$torch2_prep"
+  fi
   set +e
   "$CKPTIO_ROOT/tools/torch2-check.sh" "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}

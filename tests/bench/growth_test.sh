@@ -22,8 +22,10 @@ for path, state, count in ((sys.argv[1], 64 * MiB, 8), (sys.argv[2], 100 * 4096,
     for k in ("save", "async_stall", "verify", "load", "load_cold"):
         assert 0 < d[k]["min"] <= d[k]["seconds"] <= d[k]["max"], (path, k, d[k])
     assert d["async_synchronous"] is False
-    # The tensors' pages are the map's: a load's peak counts the state once.
-    assert state // 2 <= d["load_peak_extra_bytes"] <= state + 16 * MiB, d
+    # The tensors' pages are the map's: a load's peak counts the state once
+    # (a second copy of the 64 MiB state would make it 128 MiB; the slack is
+    # what a sanitizer's allocator keeps: 80.1 MiB under ASan+UBSan at -O1).
+    assert state // 2 <= d["load_peak_extra_bytes"] <= state + 32 * MiB, d
 big = json.load(open(sys.argv[1]))
 # 64 MiB of state: a save that staged a copy, or a load that copied the map
 # into memory of its own, would add 64 MiB here.
