@@ -32,47 +32,86 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(manifest records names safetensors json)
 
 # Objects of the core sources the targets need, rebuilt only when changed.
-objs=()
+# At most one compiler or fuzzer per core at a time: pool_wait blocks until
+# fewer than nproc of this script's jobs run.
+slots=$(nproc)
+pool_wait() {
+  while [ "$(jobs -rp | wc -l)" -ge "$slots" ]; do wait -n || true; done
+}
+
+# The core's objects, compiled in parallel (each job's status is checked
+# below, through its pid).
+objs=() pids=()
 for src in "${core[@]}"; do
   o=$out/$src.o
   if [ ! -f "$o" ] || [ "$root/src/$src.cc" -nt "$o" ] || [ -n "$(find "$root/include" "$root/src" \( -name '*.h' -o -name '*.inc' \) -newer "$o" 2>/dev/null)" ]; then
+    pool_wait
     # shellcheck disable=SC2046  # no flags, or one
-    $cxx "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" $(isa_flags "$src") -c "$root/src/$src.cc" -o "$o"
+    $cxx "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" $(isa_flags "$src") -c "$root/src/$src.cc" -o "$o" &
+    pids+=($!)
   fi
   objs+=("$o")
 done
+for pid in "${pids[@]}"; do
+  wait "$pid" || { echo "fuzz: a core source did not compile (above)"; exit 1; }
+done
 
-passed=0
-for t in "${targets[@]}"; do
-  exe=$out/fuzz_$t
+# fuzz_one TARGET: builds the target and runs it; its verdict (one or more
+# lines, the last "PASSED" or "FAILED") goes to $out/fuzz_TARGET.result.
+fuzz_one() {
+  local t=$1
+  local exe=$out/fuzz_$t result=$out/fuzz_$t.result
   if [ ! -x "$exe" ] || [ "$root/tests/fuzz/fuzz_$t.cc" -nt "$exe" ] || [ -n "$(find "${objs[@]}" -newer "$exe")" ]; then
-    $cxx "${flags[@]}" "$root/tests/fuzz/fuzz_$t.cc" "${objs[@]}" -o "$exe"
+    if ! $cxx "${flags[@]}" "$root/tests/fuzz/fuzz_$t.cc" "${objs[@]}" -o "$exe" >"$result" 2>&1; then
+      echo "fuzz $t: FAILED (the target did not build: above)" >>"$result"
+      return
+    fi
   fi
+  local work log=$out/fuzz_$t.log
   work=$(mktemp -d)
   cp -r "$root/tests/fuzz/corpus/$t/." "$work/"
-  log=$out/fuzz_$t.log
   rm -f "$out"/crash-"$t"-*  # every artifact of this target (crash, leak, timeout, oom)
   if "$exe" "$work" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
       -artifact_prefix="$out/crash-$t-" -print_final_stats=1 >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
-    echo "fuzz $t: ${runs:-?} inputs in ${seconds}s, no crash, leak or hang"
-    passed=$((passed + 1))
+    echo "fuzz $t: ${runs:-?} inputs in ${seconds}s, no crash, leak or hang" >"$result"
   else
-    tail -40 "$log"
-    repro=$(ls "$out"/crash-"$t"-* 2>/dev/null | head -1 || true)
-    # The seed and the input itself, so that a failure on a CI machine can be
-    # replayed elsewhere: base64 -d > x; build-fuzz/fuzz_TARGET x.
-    seed=$(sed -n 's/^INFO: Seed: //p' "$log" | head -1 || true)
-    if [ -n "$repro" ]; then
-      if [ "$(stat -c %s "$repro")" -le 16384 ]; then
-        echo "fuzz $t: the input, base64: $(base64 -w0 "$repro")"
-      else
-        echo "fuzz $t: the input is over 16 KiB, not printed"
+    {
+      tail -40 "$log"
+      repro=$(ls "$out"/crash-"$t"-* 2>/dev/null | head -1 || true)
+      # The seed and the input itself, so that a failure on a CI machine can be
+      # replayed elsewhere: base64 -d > x; build-fuzz/fuzz_TARGET x.
+      seed=$(sed -n 's/^INFO: Seed: //p' "$log" | head -1 || true)
+      if [ -n "$repro" ]; then
+        if [ "$(stat -c %s "$repro")" -le 16384 ]; then
+          echo "fuzz $t: the input, base64: $(base64 -w0 "$repro")"
+        else
+          echo "fuzz $t: the input is over 16 KiB, not printed"
+        fi
       fi
-    fi
-    echo "fuzz $t: FAILED (libFuzzer -seed=${seed:-?}; reproducer: ${repro:-none written})"
+      echo "fuzz $t: FAILED (libFuzzer -seed=${seed:-?}; reproducer: ${repro:-none written})"
+    } >"$result"
   fi
   rm -rf "$work"
+}
+
+# The targets, as many at a time as there are cores (each fuzzer runs on one
+# thread); their verdicts printed in order.
+for t in "${targets[@]}"; do
+  rm -f "$out/fuzz_$t.result"
+  pool_wait
+  fuzz_one "$t" &
+done
+wait
+passed=0
+for t in "${targets[@]}"; do
+  result=$out/fuzz_$t.result
+  if [ ! -f "$result" ]; then
+    echo "fuzz $t: FAILED (no verdict: the job died)"
+    continue
+  fi
+  cat "$result"
+  grep -q "^fuzz $t: FAILED" "$result" || passed=$((passed + 1))
 done
 echo "fuzz: $passed passed, $(( ${#targets[@]} - passed )) failed"
 [ "$passed" = ${#targets[@]} ]
