@@ -58,12 +58,14 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 export CCACHE_BASEDIR=$CKPTIO_ROOT CCACHE_NOHASHDIR=true
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 
-# build_tree DIR [CMAKE_ARGS...]: configure (once) and build a tree.
+# build_tree DIR [CMAKE_ARGS...]: configure (once, and again when the
+# arguments differ from the last ones, kept in the tree) and build a tree.
 build_tree() {
   local dir=$1
   shift
-  if [ ! -f "$dir/build.ninja" ]; then
+  if [ ! -f "$dir/build.ninja" ] || [ "$(cat "$dir/.ckptio-cmake-args" 2>/dev/null)" != "$*" ]; then
     cmake -S "$CKPTIO_ROOT" -B "$dir" -G Ninja "$@" >/dev/null || return
+    printf '%s' "$*" >"$dir/.ckptio-cmake-args"
   fi
   echo "setup: building into $dir"
   # shellcheck disable=SC2086

@@ -11,8 +11,9 @@
 # and tools/test.sh runs them in the normal build; the chroot has no NFS or
 # S3 server, so the DDP demo over nfs:// and s3:// is not run and the Python
 # S3 tests skip). It builds with -O1 and no debug information (about 40 %
-# less compile time than -O2 -g): what is checked here is that the source
-# builds and behaves against LibTorch 2.x. The chroot is
+# less compile time than -O2 -g), as a unity build (CKPTIO_UNITY_BUILD, a
+# third less again): what is checked here is that the source builds and
+# behaves against LibTorch 2.x. The chroot is
 # made once with debootstrap and kept, with its ccache and build tree, in
 # $CKPTIO_TORCH2_ROOT (default /var/cache/ckptio/trixie); later runs only
 # copy in what changed of the tree (tracked and untracked files) and
@@ -113,17 +114,19 @@ rm -rf --one-file-system "$stage"
 in_chroot env CCACHE_DIR=/root/.ccache CCACHE_BASEDIR=/work/ckptio CCACHE_NOHASHDIR=true \
   CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime bash -c '
   set -e
-  flags="-O1 -DNDEBUG"  # (the tree is configured again when they change)
-  if [ "$(cat /work/build/.ckptio-flags 2>/dev/null)" != "$flags" ]; then
-    cmake -S /work/ckptio -B /work/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CXX_FLAGS_RELEASE="$flags" >/dev/null
-    echo "$flags" >/work/build/.ckptio-flags
+  # (The tree is configured again when these change.)
+  args=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
+        -DCKPTIO_TEST_OPTIMIZE= -DCKPTIO_UNITY_BUILD=ON)
+  if [ "$(cat /work/build/.ckptio-flags 2>/dev/null)" != "${args[*]}" ]; then
+    cmake -S /work/ckptio -B /work/build -G Ninja "${args[@]}" >/dev/null
+    echo "${args[*]}" >/work/build/.ckptio-flags
   fi
   echo "torch2-check: building into $0/work/build"
   cmake --build /work/build -- -j"$(nproc)" >/work/build.log 2>&1 ||
     { tail -40 /work/build.log; echo "torch2-check: the build failed"; exit 1; }
   grep -A3 "warning:" /work/build.log || true' "$CHROOT"
 status=0
-in_chroot ctest --test-dir /work/build --output-on-failure -j"$(nproc)" --timeout 600 \
+# (Two tests a core, as tools/test.sh runs them.)
+in_chroot ctest --test-dir /work/build --output-on-failure -j"$(($(nproc) * 2))" --timeout 600 \
   -L 'torch|python' "$@" || status=$?
 exit $status
