@@ -56,14 +56,16 @@ for pid in "${pids[@]}"; do
   wait "$pid" || { echo "fuzz: a core source did not compile (above)"; exit 1; }
 done
 
-# fuzz_one TARGET: builds the target and runs it; its verdict (one or more
-# lines, the last "PASSED" or "FAILED") goes to $out/fuzz_TARGET.result.
+# fuzz_one TARGET: builds the target and runs it; its verdict goes to
+# $out/fuzz_TARGET.result, written once the run is over: a last line
+# "fuzz TARGET: ... no crash, leak or hang" for a pass, anything else (no
+# file included) is a failure.
 fuzz_one() {
   local t=$1
-  local exe=$out/fuzz_$t result=$out/fuzz_$t.result
+  local exe=$out/fuzz_$t result=$out/fuzz_$t.result build_log=$out/fuzz_$t.build.log
   if [ ! -x "$exe" ] || [ "$root/tests/fuzz/fuzz_$t.cc" -nt "$exe" ] || [ -n "$(find "${objs[@]}" -newer "$exe")" ]; then
-    if ! $cxx "${flags[@]}" "$root/tests/fuzz/fuzz_$t.cc" "${objs[@]}" -o "$exe" >"$result" 2>&1; then
-      echo "fuzz $t: FAILED (the target did not build: above)" >>"$result"
+    if ! $cxx "${flags[@]}" "$root/tests/fuzz/fuzz_$t.cc" "${objs[@]}" -o "$exe" >"$build_log" 2>&1; then
+      { cat "$build_log"; echo "fuzz $t: FAILED (the target did not build: above)"; } >"$result"
       return
     fi
   fi
@@ -111,7 +113,9 @@ for t in "${targets[@]}"; do
     continue
   fi
   cat "$result"
-  grep -q "^fuzz $t: FAILED" "$result" || passed=$((passed + 1))
+  if tail -1 "$result" | grep -q "^fuzz $t: .* no crash, leak or hang$"; then
+    passed=$((passed + 1))
+  fi
 done
 echo "fuzz: $passed passed, $(( ${#targets[@]} - passed )) failed"
 [ "$passed" = ${#targets[@]} ]

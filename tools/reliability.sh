@@ -108,10 +108,10 @@ HEAD
 
 Sanitizers: AddressSanitizer and UndefinedBehaviorSanitizer run the whole
 suite (but the Python package's tests, the documentation's compiled
-examples and the DDP demo's whole runs); ThreadSanitizer runs the lock and
-coordination tests (store, writer lock, coordination, POSIX backend
-conformance with threads, and the NFS lock tests: v4 renewals and releases,
-v3 leases).
+examples, the DDP demo's whole runs and the timed benchmarks);
+ThreadSanitizer runs the lock and coordination tests (store, writer lock,
+coordination, POSIX backend conformance with threads, and the NFS lock
+tests: v4 renewals and releases, v3 leases).
 
 ## Limits of the model
 

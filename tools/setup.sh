@@ -58,13 +58,17 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 export CCACHE_BASEDIR=$CKPTIO_ROOT CCACHE_NOHASHDIR=true
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 
-# build_tree DIR [CMAKE_ARGS...]: configure (once, and again when the
-# arguments differ from the last ones, kept in the tree) and build a tree.
+# build_tree DIR [CMAKE_ARGS...]: configure (once, and afresh when the
+# arguments differ from the last ones, kept in the tree: an argument dropped
+# leaves no setting behind in the cache) and build a tree.
 build_tree() {
   local dir=$1
   shift
-  if [ ! -f "$dir/build.ninja" ] || [ "$(cat "$dir/.ckptio-cmake-args" 2>/dev/null)" != "$*" ]; then
+  if [ ! -f "$dir/build.ninja" ]; then
     cmake -S "$CKPTIO_ROOT" -B "$dir" -G Ninja "$@" >/dev/null || return
+    printf '%s' "$*" >"$dir/.ckptio-cmake-args"
+  elif [ "$(cat "$dir/.ckptio-cmake-args" 2>/dev/null)" != "$*" ]; then
+    cmake --fresh -S "$CKPTIO_ROOT" -B "$dir" -G Ninja "$@" >/dev/null || return
     printf '%s' "$*" >"$dir/.ckptio-cmake-args"
   fi
   echo "setup: building into $dir"
