@@ -12,8 +12,9 @@
 # S3 server, so the DDP demo over nfs:// and s3:// is not run and the Python
 # S3 tests skip). It builds with -O1 and no debug information (about 40 %
 # less compile time than -O2 -g), as a unity build (CKPTIO_UNITY_BUILD, a
-# third less again): what is checked here is that the source builds and
-# behaves against LibTorch 2.x. The chroot is
+# third less again), without the test programs that do not link LibTorch
+# (CKPTIO_TORCH_TESTS_ONLY): what is checked here is that the source builds
+# and behaves against LibTorch 2.x. The chroot is
 # made once with debootstrap and kept, with its ccache and build tree, in
 # $CKPTIO_TORCH2_ROOT (default /var/cache/ckptio/trixie); later runs only
 # copy in what changed of the tree (tracked and untracked files) and
@@ -116,7 +117,7 @@ in_chroot env CCACHE_DIR=/root/.ccache CCACHE_BASEDIR=/work/ckptio CCACHE_NOHASH
   set -e
   # (The tree is configured again when these change.)
   args=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
-        -DCKPTIO_TEST_OPTIMIZE= -DCKPTIO_UNITY_BUILD=ON)
+        -DCKPTIO_TEST_OPTIMIZE= -DCKPTIO_UNITY_BUILD=ON -DCKPTIO_TORCH_TESTS_ONLY=ON)
   if [ "$(cat /work/build/.ckptio-flags 2>/dev/null)" != "${args[*]}" ]; then
     cmake -S /work/ckptio -B /work/build -G Ninja "${args[@]}" >/dev/null
     echo "${args[*]}" >/work/build/.ckptio-flags
