@@ -18,6 +18,7 @@
 
 #include "ckptio/status.h"
 #include "ckptio/torch.h"
+#include "kernel_touch.h"
 
 namespace ckptio::bench {
 
@@ -34,6 +35,13 @@ inline double Seconds(const std::function<void()>& f) {
 
 inline void Check(const Status& s, const std::string& what) {
   if (!s.ok()) Die(what + ": " + s.ToString());
+}
+
+// A buffer for raw reads, through KernelTouch as a reused buffer would be.
+inline std::vector<char> ReadBuffer(size_t size) {
+  std::vector<char> buf(size);
+  KernelTouch(buf.data(), buf.size());
+  return buf;
 }
 
 // Waits until the file system holding `dir` has written back everything and

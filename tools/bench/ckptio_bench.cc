@@ -57,6 +57,7 @@ using json = nlohmann::json;
 using ckptio::bench::Check;
 using ckptio::bench::Die;
 using ckptio::bench::DropCache;
+using ckptio::bench::ReadBuffer;
 using ckptio::bench::RemoveAndSettle;
 using ckptio::bench::Seconds;
 using ckptio::bench::Settle;
@@ -87,7 +88,10 @@ struct Shape {
 std::vector<torch::Tensor> MakeTensors(const Shape& s) {
   torch::manual_seed(7);
   std::vector<torch::Tensor> out;
-  for (int64_t i = 0; i < s.count; ++i) out.push_back(torch::randn({s.elems}));
+  for (int64_t i = 0; i < s.count; ++i) {
+    out.push_back(torch::randn({s.elems}));
+    ckptio::bench::KernelTouch(out.back().data_ptr(), out.back().nbytes());
+  }
   return out;
 }
 
@@ -838,7 +842,7 @@ int main(int argc, char** argv) {
         });
       }
       RunRotated(saves, r);
-      std::vector<char> buf(static_cast<size_t>(fs::file_size(raw)));
+      std::vector<char> buf = ReadBuffer(static_cast<size_t>(fs::file_size(raw)));
       auto raw_read = [&] {
         int fd = ::open(raw.c_str(), O_RDONLY);
         for (size_t off = 0; off < buf.size();) {
@@ -923,7 +927,7 @@ int main(int argc, char** argv) {
     if (!nfs_uri.empty() && shape.name == "large") {
       RawNfs nfs(nfs_uri);
       const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
-      std::vector<char> buf(static_cast<size_t>(bytes));
+      std::vector<char> buf = ReadBuffer(static_cast<size_t>(bytes));
       const std::string raw_file = "/" + sub + ".raw";
       for (int r = 0; r < repeat; ++r) {
         std::vector<torch::Tensor> mine = LoadTargets(tensors);
@@ -957,7 +961,7 @@ int main(int argc, char** argv) {
     if (!s3_uri.empty() && shape.name == "large") {
       RawS3 raw_s3(s3_uri);
       const std::string sub = "ckptio-bench-" + std::to_string(::getpid());
-      std::vector<char> buf(static_cast<size_t>(bytes));
+      std::vector<char> buf = ReadBuffer(static_cast<size_t>(bytes));
       for (int r = 0; r < repeat; ++r) {
         std::vector<torch::Tensor> mine = LoadTargets(tensors);
         ckptio::State state = StateOf(mine);

@@ -4,13 +4,13 @@
 //
 //   ckptio-bench-save STORE_DIR COUNT BYTES
 //
-// Makes COUNT buffers of BYTES random bytes each (before timing), opens a
-// writer on the POSIX store at STORE_DIR (a fresh one: step 1 must not be
-// committed there), then saves the buffers as step 1: one object
-// "tensors", one Write per buffer, as Checkpointer::Save writes the loose
-// tensors of a state, committed durably (every object fsynced, the
-// manifest, LATEST). Prints the seconds from Begin to the end of Commit.
-// Exit 1 (with the error on stderr) if the save fails, 2 on bad arguments.
+// Makes COUNT buffers of BYTES random bytes each, handed to the kernel once
+// (KernelTouch) before timing, opens a writer on the POSIX store at
+// STORE_DIR (a fresh one: step 1 must not be committed there), then saves
+// the buffers as step 1: one object "tensors", one Write per buffer, as
+// Checkpointer::Save writes the loose tensors of a state, committed durably
+// (every object fsynced, the manifest, LATEST). Prints the seconds from
+// Begin to the end of Commit. Exit 1 (with the error on stderr) if the save fails, 2 on bad arguments.
 //
 // The same source makes both programs: ckptio-bench-save links the ckptio
 // libraries; ckptio-bench-save-unhashed is built from the core's sources
@@ -26,6 +26,7 @@
 
 #include "ckptio/posix_backend.h"
 #include "ckptio/store.h"
+#include "kernel_touch.h"
 
 namespace {
 
@@ -69,8 +70,10 @@ int main(int argc, char** argv) {
   const int64_t count = Count(argv[2], 100000);
   const int64_t bytes = Count(argv[3], int64_t{1} << 40);
   std::vector<std::vector<char>> buffers;
-  for (int64_t i = 0; i < count; ++i)
+  for (int64_t i = 0; i < count; ++i) {
     buffers.push_back(RandomBytes(static_cast<size_t>(bytes), static_cast<uint64_t>(i + 1)));
+    ckptio::bench::KernelTouch(buffers.back().data(), buffers.back().size());
+  }
 
   auto backend = ckptio::NewPosixBackend(store_dir);
   Check(backend.status(), "open backend");
