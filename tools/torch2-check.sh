@@ -115,11 +115,11 @@ rm -rf --one-file-system "$stage"
 in_chroot env CCACHE_DIR=/root/.ccache CCACHE_BASEDIR=/work/ckptio CCACHE_NOHASHDIR=true \
   CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime bash -c '
   set -e
-  # (The tree is configured again when these change.)
+  # (The tree is configured afresh when these change.)
   args=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
         -DCKPTIO_TEST_OPTIMIZE= -DCKPTIO_UNITY_BUILD=ON -DCKPTIO_TORCH_TESTS_ONLY=ON)
   if [ "$(cat /work/build/.ckptio-flags 2>/dev/null)" != "${args[*]}" ]; then
-    cmake -S /work/ckptio -B /work/build -G Ninja "${args[@]}" >/dev/null
+    cmake --fresh -S /work/ckptio -B /work/build -G Ninja "${args[@]}" >/dev/null
     echo "${args[*]}" >/work/build/.ckptio-flags
   fi
   echo "torch2-check: building into $0/work/build"
