@@ -15,14 +15,13 @@
 set -euo pipefail
 
 passed=0 failed=0 skipped=0 status=0 summarized=0 filtered=$#
-torch2_prep="" torch2_prep_pid="" # the chroot made in the background (below)
 failures="" # "pass: test" lines, repeated above the summary
 log=$(mktemp)
 # The summary is the last line even when a build stops the script early
 # (set -e): the stop counts as one more failure.
 on_exit() {
   local rc=$?
-  rm -f "$log" "$torch2_prep"
+  rm -f "$log"
   if [ "$summarized" = 0 ]; then
     list_failures
     echo "test.sh: stopped early (exit $rc), most likely a build failed: see above"
@@ -38,14 +37,6 @@ list_failures() {
 }
 trap on_exit EXIT
 CKPTIO_SETUP_BUILD=0 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
-# The LibTorch 2.x chroot's first making (debootstrap, then its packages)
-# mostly waits on the mirror: it goes on, at low priority, while the builds
-# run (tools/torch2-check.sh --prepare; the pass below waits for it).
-if [ "${CKPTIO_TORCH2:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
-  torch2_prep=$(mktemp)
-  nice -n 10 "$CKPTIO_ROOT/tools/torch2-check.sh" --prepare >"$torch2_prep" 2>&1 &
-  torch2_prep_pid=$!
-fi
 # shellcheck disable=SC2086
 build_tree "$BUILD_DIR" ${CKPTIO_CMAKE_ARGS:-}
 
@@ -121,10 +112,6 @@ if [ "${CKPTIO_TORCH2:-1}" != 0 ]; then
   # The tests that touch LibTorch, built against LibTorch 2.6 in a Debian
   # trixie chroot.
   echo "== test suite: LibTorch 2.x (tools/torch2-check.sh)"
-  if [ -n "$torch2_prep_pid" ]; then
-    wait "$torch2_prep_pid" || true  # (its errors recur, and are counted, below)
-    cat "$torch2_prep"
-  fi
   set +e
   "$CKPTIO_ROOT/tools/torch2-check.sh" "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}

@@ -2,7 +2,7 @@
 # The LibTorch 2.x check ("the same source builds against Debian's LibTorch
 # 1.13 and current LibTorch 2.x"), run on this Debian 12 machine:
 #
-#   tools/torch2-check.sh [--prepare] [CTEST_ARGS...]
+#   tools/torch2-check.sh [CTEST_ARGS...]
 #
 # Builds the working tree inside a Debian 13 (trixie) chroot, whose
 # libtorch-dev is LibTorch 2.6 (with GCC 14, and Python's torch 2.6 for the
@@ -21,13 +21,6 @@
 # rebuild that. Needs root and the Debian mirror
 # ($CKPTIO_DEBIAN_MIRROR); exits 77 when it cannot run here.
 set -euo pipefail
-# --prepare: make the chroot and install its packages, then stop (tools/test.sh
-# runs this while it builds).
-prepare=0
-if [ "${1:-}" = --prepare ]; then
-  prepare=1
-  shift
-fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CHROOT=${CKPTIO_TORCH2_ROOT:-/var/cache/ckptio/trixie}
 MIRROR=${CKPTIO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -83,10 +76,6 @@ if [ "$(cat "$CHROOT/.ckptio-packages" 2>/dev/null)" != "$PACKAGES" ]; then
     { echo "torch2-check: apt-get install in the chroot failed (the mirror answered: a package" \
       "name changed?)"; exit 1; }
   echo "$PACKAGES" >"$CHROOT/.ckptio-packages"
-fi
-if [ "$prepare" = 1 ]; then
-  echo "torch2-check: the chroot in $CHROOT is ready"
-  exit 0
 fi
 echo "torch2-check: LibTorch $(in_chroot dpkg-query -W -f='${Version}' libtorch-dev)," \
   "$(in_chroot g++ --version | head -1)"
