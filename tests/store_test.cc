@@ -194,23 +194,32 @@ TEST_F(StoreTest, ListStepsSeesManifestsDamagedAfterTheyWereListedOrCommitted) {
   for (const StepEntry& e : again) EXPECT_EQ(e.state, StepState::kCorrupt) << "step " << e.step;
 }
 
-// Forwards to a backend but cannot map objects: views take the buffer path.
+// Forwards to a backend, but its objects cannot be mapped (views take the
+// buffer path, as from NFS or S3), and reads of the object `unreadable`, if
+// named, fail with UNAVAILABLE (a server that stopped answering).
 class NoMapBackend : public testing::ForwardingBackend {
  public:
-  using ForwardingBackend::ForwardingBackend;
+  explicit NoMapBackend(std::shared_ptr<StorageBackend> inner, std::string unreadable = "")
+      : ForwardingBackend(std::move(inner)), unreadable_(std::move(unreadable)) {}
   Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
     struct Reader : ObjectReader {
       std::unique_ptr<ObjectReader> inner;
+      bool fails = false;
       uint64_t Size() const override { return inner->Size(); }
       Status ReadAt(uint64_t offset, void* buf, size_t size) override {
+        if (fails) return Status(Code::kUnavailable, "the server did not answer");
         return inner->ReadAt(offset, buf, size);
       }
     };
     CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::OpenObject(key));
     auto r = std::make_unique<Reader>();
     r->inner = std::move(inner);
+    r->fails = !unreadable_.empty() && key == unreadable_;
     return std::unique_ptr<ObjectReader>(std::move(r));
   }
+
+ private:
+  std::string unreadable_;
 };
 
 // This process's resident memory (`field` "VmRSS" or "VmHWM", the peak), bytes.
@@ -286,30 +295,6 @@ TEST_F(StoreTest, ChoosingAStepSkipsDamagedOnesAndKeepsNoneOfItsBytes) {
   EXPECT_NE(none.status().message().find("MANIFEST.json"), std::string::npos) << none.status();
 }
 
-// Reads of one object fail with UNAVAILABLE (a server that stopped answering).
-class UnreadableObjectBackend : public testing::ForwardingBackend {
- public:
-  UnreadableObjectBackend(std::shared_ptr<StorageBackend> inner, std::string key)
-      : ForwardingBackend(std::move(inner)), key_(std::move(key)) {}
-  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
-    struct Reader : ObjectReader {
-      std::unique_ptr<ObjectReader> inner;
-      uint64_t Size() const override { return inner->Size(); }
-      Status ReadAt(uint64_t, void*, size_t) override {
-        return Status(Code::kUnavailable, "the server did not answer");
-      }
-    };
-    CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::OpenObject(key));
-    if (key != key_) return inner;
-    auto r = std::make_unique<Reader>();
-    r->inner = std::move(inner);
-    return std::unique_ptr<ObjectReader>(std::move(r));
-  }
-
- private:
-  std::string key_;
-};
-
 TEST_F(StoreTest, ChoosingAStepStopsAtAnErrorThatIsNotDamage) {
   auto w = Writer();
   ASSERT_TRUE(Save(*w, 1, {{"a", "one"}}).ok());
@@ -317,8 +302,8 @@ TEST_F(StoreTest, ChoosingAStepStopsAtAnErrorThatIsNotDamage) {
   w.reset();
   // Step 2 cannot be read now; it is not known to be damaged, so step 1 is
   // not loaded in its place (a resume from an older step loses work).
-  Store store(std::make_shared<UnreadableObjectBackend>(*NewPosixBackend(dir_.Sub("store")),
-                                                        StepDirName(2) + "/a"));
+  Store store(
+      std::make_shared<NoMapBackend>(*NewPosixBackend(dir_.Sub("store")), StepDirName(2) + "/a"));
   auto choice = store.ChooseStep(std::nullopt);
   EXPECT_EQ(choice.status().code(), Code::kUnavailable) << choice.status();
   EXPECT_NE(choice.status().message().find("did not answer"), std::string::npos) << choice.status();

@@ -29,6 +29,8 @@
 #include <thread>
 #include <utility>
 
+#include "common/loopback.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -106,18 +108,10 @@ class DelayLine {
   bool ended_ = false, failed_ = false;
 };
 
-sockaddr_in Loopback(int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 // Both directions of one client connection, then closes both sockets.
 void Serve(int client, int to_port, std::chrono::microseconds delay) {
   const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const sockaddr_in target = Loopback(to_port);
+  const sockaddr_in target = ckptio::Loopback(to_port);
   if (server < 0 ||
       ::connect(server, reinterpret_cast<const sockaddr*>(&target), sizeof target) != 0) {
     std::fprintf(stderr, "ckptio-delay-proxy: cannot connect to 127.0.0.1:%d: %s\n", to_port,
@@ -156,7 +150,7 @@ int main(int argc, char** argv) {
   const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   ::setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const sockaddr_in addr = Loopback(listen_port);
+  const sockaddr_in addr = ckptio::Loopback(listen_port);
   if (ls < 0 || ::bind(ls, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
       ::listen(ls, 64) != 0) {
     std::fprintf(stderr, "ckptio-delay-proxy: cannot listen on 127.0.0.1:%d: %s\n", listen_port,

@@ -14,12 +14,9 @@
 // Ranks are not in the terminal's foreground: when stdin is a terminal they
 // read end-of-file instead, and one stopped for using the terminal anyway
 // (SIGTTIN, SIGTTOU) fails the job instead of stalling it.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback.h"
 #include "common/seconds_option.h"
 
 namespace {
@@ -50,22 +48,6 @@ void OnSignal(int sig) { g_pending[sig] = 1; }
 
 // Whether forwarding `sig` asks the ranks to end (not USR1/USR2).
 bool Ends(int sig) { return sig != SIGUSR1 && sig != SIGUSR2; }
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
 
 std::string Describe(int status) {
   if (WIFEXITED(status)) return "exited " + std::to_string(WEXITSTATUS(status));
@@ -104,7 +86,7 @@ int Run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
-  if (master_port == 0) master_port = FreePort();
+  if (master_port == 0) master_port = ckptio::FreePort();
   if (master_port <= 0) {
     std::cerr << "ckptio-launch: could not find a free port; pass --master-port\n";
     return 1;

@@ -14,6 +14,8 @@
 #include <functional>
 #include <iterator>
 
+#include "common/loopback.h"
+
 namespace ckptio::testing {
 namespace {
 
@@ -93,14 +95,6 @@ bool WriteAll(int fd, const char* p, size_t n) {
     n -= static_cast<size_t>(w);
   }
   return true;
-}
-
-sockaddr_in Loopback(int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/loopback.h"
 #include "test_util.h"
 
 namespace ckptio::testing {
@@ -86,10 +87,7 @@ bool OnPath(const std::string& tool) {
 bool OnLoopback(int port, bool bind) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = Loopback(port);
   auto* addr = reinterpret_cast<sockaddr*>(&a);
   bool worked = (bind ? ::bind(fd, addr, sizeof a) : ::connect(fd, addr, sizeof a)) == 0;
   ::close(fd);

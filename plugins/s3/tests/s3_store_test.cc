@@ -35,6 +35,7 @@
 #include "ckptio/ckptio.h"
 #include "ckptio/log.h"
 #include "ckptio/s3_backend.h"
+#include "common/loopback.h"
 #include "conformance.h"
 #include "process.h"
 #include "rgw_server.h"
@@ -672,9 +673,7 @@ class LocalServer {
 
   explicit LocalServer(Reply reply) : reply_(std::move(reply)) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sockaddr_in a = Loopback(0);
     socklen_t len = sizeof a;
     if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
         ::listen(listen_fd_, 128) != 0 ||
