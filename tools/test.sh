@@ -36,9 +36,7 @@ list_failures() {
   printf '%s' "$failures"
 }
 trap on_exit EXIT
-CKPTIO_SETUP_BUILD=0 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
-# shellcheck disable=SC2086
-build_tree "$BUILD_DIR" ${CKPTIO_CMAKE_ARGS:-}
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
 # run_suite DIR LABEL [CTEST_ARGS...]: two tests a core at a time, as most
 # wait on other processes, sockets and deadlines (one a core kept two cores

@@ -57,6 +57,7 @@ using json = nlohmann::json;
 using ckptio::bench::Check;
 using ckptio::bench::Die;
 using ckptio::bench::DropCache;
+using ckptio::bench::KernelTouch;
 using ckptio::bench::ReadBuffer;
 using ckptio::bench::RemoveAndSettle;
 using ckptio::bench::Seconds;
@@ -90,7 +91,7 @@ std::vector<torch::Tensor> MakeTensors(const Shape& s) {
   std::vector<torch::Tensor> out;
   for (int64_t i = 0; i < s.count; ++i) {
     out.push_back(torch::randn({s.elems}));
-    ckptio::bench::KernelTouch(out.back().data_ptr(), out.back().nbytes());
+    KernelTouch(out.back().data_ptr(), out.back().nbytes());
   }
   return out;
 }
@@ -877,6 +878,7 @@ int main(int argc, char** argv) {
           auto module = std::make_shared<torch::nn::Module>();
           for (size_t i = 0; i < tensors.size(); ++i)
             module->register_parameter("t" + std::to_string(i), tensors[i].clone(), false);
+          for (auto& p : module->parameters()) KernelTouch(p.data_ptr(), p.nbytes());
           ckptio::State mstate{{"model", *module}};
           std::vector<double> unused;
           CkptioSave(mod_store, mstate, &unused);

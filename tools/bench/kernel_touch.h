@@ -16,28 +16,46 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 
 namespace ckptio::bench {
 
+[[noreturn]] inline void KernelTouchFailed(const char* what) {
+  std::perror(what);
+  std::exit(1);
+}
+
 // Copies [p, p + size) through a pipe and back into place: the kernel reads
-// and writes every page once; the bytes are unchanged.
+// and writes every page once; the bytes are unchanged. Each piece is at most
+// what the pipe holds (F_GETPIPE_SZ: 64 KiB by default, less for a user over
+// fs.pipe-user-pages-soft), so a write never waits for the reader, which is
+// this thread.
 inline void KernelTouch(void* p, size_t size) {
   int fds[2];
-  if (::pipe(fds) != 0) {
-    std::perror("KernelTouch: pipe");
-    std::exit(1);
-  }
+  if (::pipe2(fds, O_CLOEXEC) != 0) KernelTouchFailed("KernelTouch: pipe2");
+  (void)::fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);  // fewer round trips where allowed
+  const int held = ::fcntl(fds[1], F_GETPIPE_SZ);
+  if (held <= 0) KernelTouchFailed("KernelTouch: F_GETPIPE_SZ");
   char* c = static_cast<char*>(p);
-  // 64 KiB pieces: a pipe holds that much without a reader by default.
   for (size_t off = 0; off < size;) {
-    const size_t n = std::min<size_t>(size - off, 64 << 10);
-    if (::write(fds[1], c + off, n) != static_cast<ssize_t>(n) ||
-        ::read(fds[0], c + off, n) != static_cast<ssize_t>(n)) {
-      std::perror("KernelTouch: pipe round trip");
-      std::exit(1);
+    const size_t n = std::min<size_t>(size - off, static_cast<size_t>(held));
+    size_t in = 0, out = 0;
+    while (in < n) {
+      const ssize_t w = ::write(fds[1], c + off + in, n - in);
+      if (w < 0 && errno != EINTR) KernelTouchFailed("KernelTouch: write to the pipe");
+      if (w > 0) in += static_cast<size_t>(w);
+    }
+    while (out < n) {
+      const ssize_t r = ::read(fds[0], c + off + out, n - out);
+      if (r < 0 && errno != EINTR) KernelTouchFailed("KernelTouch: read from the pipe");
+      if (r == 0) {
+        errno = EPIPE;
+        KernelTouchFailed("KernelTouch: the pipe ended early");
+      }
+      if (r > 0) out += static_cast<size_t>(r);
     }
     off += n;
   }

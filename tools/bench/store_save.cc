@@ -10,7 +10,8 @@
 // the buffers as step 1: one object "tensors", one Write per buffer, as
 // Checkpointer::Save writes the loose tensors of a state, committed durably
 // (every object fsynced, the manifest, LATEST). Prints the seconds from
-// Begin to the end of Commit. Exit 1 (with the error on stderr) if the save fails, 2 on bad arguments.
+// Begin to the end of Commit. Exit 1 (with the error on stderr) if the save
+// fails, 2 on bad arguments.
 //
 // The same source makes both programs: ckptio-bench-save links the ckptio
 // libraries; ckptio-bench-save-unhashed is built from the core's sources
