@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "ckptio/status.h"
-#include "common/loopback.h"
 #include "process.h"
 
 namespace ckptio::testing {
@@ -47,10 +46,6 @@ std::vector<std::string> Split(const std::string& line);
 std::string Join(const std::vector<std::string>& words);
 // `s` with every newline made a space, to travel as one line.
 std::string OneLine(std::string s);
-
-// A TCP port free right now on 127.0.0.1, for a rendezvous between ranks
-// (tools/common/loopback.h).
-using ckptio::FreePort;
 
 // "ret <code> <t_ns> <message...>": the outcome of a rank's call (a wait, a
 // save) and when it returned, as the rank reports it to the parent.

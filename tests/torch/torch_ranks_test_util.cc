@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "ckptio/backends.h"
+#include "common/loopback.h"
 #include "tcp_store_test_util.h"
 #include "torch/tensors.h"
 
@@ -167,8 +168,8 @@ std::string FormatLoaded(const LoadResult& r, const std::string& params) {
     skipped += (skipped.empty() ? "" : ",") + std::to_string(step);
     reasons += why + "\n";
   }
-  return "loaded " + std::to_string(r.step.value_or(-1)) + " " + (skipped.empty() ? "-" : skipped) + " " +
-         TextHash(reasons) + " " + params;
+  return "loaded " + std::to_string(r.step.value_or(-1)) + " " + (skipped.empty() ? "-" : skipped) +
+         " " + TextHash(reasons) + " " + params;
 }
 
 Launch TorchRanksTest::NewLaunch(bool agent_serves) {
@@ -176,7 +177,7 @@ Launch TorchRanksTest::NewLaunch(bool agent_serves) {
   l.path = tmp_.Sub("store");
   l.job = NewJobId();
   l.mode = GetParam();
-  if (l.mode == WaitMode::kStore) l.port = testing::FreePort();
+  if (l.mode == WaitMode::kStore) l.port = ckptio::FreePort();
   l.agent_serves = agent_serves;
   return l;
 }

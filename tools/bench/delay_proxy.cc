@@ -147,12 +147,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   ::signal(SIGPIPE, SIG_IGN);
 
-  const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  ::setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const sockaddr_in addr = ckptio::Loopback(listen_port);
-  if (ls < 0 || ::bind(ls, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::listen(ls, 64) != 0) {
+  const int ls = ckptio::ListenOnLoopback(listen_port, 64);
+  if (ls < 0) {
     std::fprintf(stderr, "ckptio-delay-proxy: cannot listen on 127.0.0.1:%d: %s\n", listen_port,
                  std::strerror(errno));
     return 1;

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 
 namespace ckptio {
@@ -35,6 +36,28 @@ inline int FreePort() {
     port = ntohs(a.sin_port);
   ::close(fd);
   return port;
+}
+
+// A TCP socket listening on 127.0.0.1:port (port 0: any free port), with
+// SO_REUSEADDR so that a fixed port can be taken again at once after its last
+// user; the port it got goes to *bound. Returns the socket, or -1 with errno
+// telling why.
+inline int ListenOnLoopback(int port, int backlog, int* bound = nullptr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  sockaddr_in a = Loopback(port);
+  socklen_t len = sizeof a;
+  if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, backlog) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int why = errno;
+    ::close(fd);
+    errno = why;
+    return -1;
+  }
+  if (bound != nullptr) *bound = ntohs(a.sin_port);
+  return fd;
 }
 
 }  // namespace ckptio

@@ -112,16 +112,8 @@ std::string RpcCounter::Calls::ToString() const {
 }
 
 RpcCounter::RpcCounter(int to_port) : to_port_(to_port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr = Loopback(0);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::listen(fd, 16) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return;
-  }
-  listen_fd_ = fd;
-  port_ = ntohs(addr.sin_port);
+  listen_fd_ = ListenOnLoopback(0, 16, &port_);
+  if (listen_fd_ < 0) return;
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 

@@ -672,17 +672,11 @@ class LocalServer {
   using Reply = std::function<std::optional<std::string>(const std::string& head)>;
 
   explicit LocalServer(Reply reply) : reply_(std::move(reply)) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a = Loopback(0);
-    socklen_t len = sizeof a;
-    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listen_fd_, 128) != 0 ||
-        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
-        ::pipe2(wake_, O_CLOEXEC) != 0) {
+    listen_fd_ = ListenOnLoopback(0, 128, &port_);
+    if (listen_fd_ < 0 || ::pipe2(wake_, O_CLOEXEC) != 0) {
       ADD_FAILURE() << "cannot listen on loopback: " << std::strerror(errno);
       return;
     }
-    port_ = ntohs(a.sin_port);
     thread_ = std::thread([this] { Serve(); });
   }
   ~LocalServer() {
