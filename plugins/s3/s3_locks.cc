@@ -221,11 +221,13 @@ void LeaseTable::Renew() {
 void LeaseTable::RenewOne(const std::string& key, std::chrono::milliseconds within) {
   std::lock_guard<std::mutex> io(io_mu_);
   std::string record;
+  std::chrono::steady_clock::time_point last;
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = held_.find(key);
     if (it == held_.end()) return;  // released meanwhile
     record = it->second.record;
+    last = it->second.renewed;
   }
   // Each renewal ends by the next one is due: a server slower than that
   // must not keep the lease from being renewed for longer than it lasts.
@@ -241,7 +243,13 @@ void LeaseTable::RenewOne(const std::string& key, std::chrono::milliseconds with
     Status s = PutExclusive(*client_, key, record, deadline);
     lost = s.code() == Code::kAlreadyExists;
     renewed = s.ok();
-  } else if (!lost && seen.ok()) {
+  } else if (!lost && seen.ok() &&
+             std::chrono::steady_clock::now() - last <= client_->options().lease) {
+    // (Not after a whole lease without renewal, even if our record is still
+    // there: another writer may have broken it since we looked and made its
+    // own, which this PUT would overwrite. S3 cannot make the PUT
+    // conditional on our record; the fence in .writer is what stops a
+    // writer that lost its lease.)
     Request r;
     r.method = "PUT";
     r.key = key;

@@ -36,6 +36,8 @@ Status Unexpected(const Client& client, const Request& request, const Response& 
 
 // Runs work(i) for i in [0, n), up to `parallel` at once (this thread
 // included); the first failure is returned, and the rest are not started.
+// An exception from work (bad_alloc) is a failure too, not the end of the
+// process.
 Status ForEachParallel(size_t n, int parallel, const std::function<Status(size_t)>& work) {
   std::atomic<size_t> next{0};
   std::mutex mu;
@@ -43,7 +45,12 @@ Status ForEachParallel(size_t n, int parallel, const std::function<Status(size_t
   std::atomic<bool> failed{false};
   auto run = [&] {
     for (size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
-      Status s = work(i);
+      Status s;
+      try {
+        s = work(i);
+      } catch (const std::exception& e) {
+        s = Status(Code::kResourceExhausted, std::string("reading in parallel: ") + e.what());
+      }
       if (!s.ok()) {
         std::lock_guard<std::mutex> g(mu);
         if (first.ok()) first = s;
@@ -378,6 +385,9 @@ class S3Writer : public ObjectWriter {
     return first;
   }
 
+  // Sent again on failure like any request: an upload started by a try
+  // whose answer was lost stays unfinished, invisible, and is aborted by the
+  // next writer's takeover or `ckptio gc`.
   Status Initiate() {
     Request r;
     r.method = "POST";
@@ -392,10 +402,13 @@ class S3Writer : public ObjectWriter {
     return OkStatus();
   }
 
-  // Not sent twice: a completed upload answers a second Complete with
-  // NoSuchUpload. When no answer came, the object is looked at instead: it
-  // was completed if it is there as an upload of as many parts, of our size
-  // (ETag "<md5>-<parts>"); a wrong guess is caught by the checksums.
+  // Sent again on 5xx and broken connections, as S3 asks. A Complete the
+  // server carried out but whose answer was lost is then answered 404
+  // NoSuchUpload (libcurl may resend it on its own too, when a reused
+  // connection dies first); whenever the outcome is in doubt, the object
+  // is looked at instead: it was completed if it is there as an upload of
+  // as many parts, of our size (ETag "<md5>-<parts>"); a wrong guess is
+  // caught by the checksums.
   Status Complete() {
     std::string xml = "<CompleteMultipartUpload>";
     for (size_t i = 0; i < etags_.size(); ++i)
@@ -407,21 +420,23 @@ class S3Writer : public ObjectWriter {
     r.key = key_;
     r.query = {{"uploadId", upload_id_}};
     r.body = xml;
-    r.idempotent = false;
     auto sent = client_->Send(r);
+    Status s;
     if (!sent.ok()) {
-      if (sent.status().code() == Code::kUnavailable && CompletedAnyway()) {
-        upload_id_.clear();
-        return OkStatus();
-      }
-      return sent.status();
+      s = sent.status();
+    } else {
+      Response& got = *sent;
+      // S3 may answer 200 and report the failure in the body.
+      if (got.status == 200 && got.body.find("<Error>") != std::string::npos) got.status = 500;
+      s = got.status == 200 ? OkStatus() : Unexpected(*client_, r, got);
     }
-    Response& got = *sent;
-    // S3 may answer 200 and report the failure in the body.
-    if (got.status == 200 && got.body.find("<Error>") != std::string::npos) got.status = 500;
-    if (got.status != 200) return Unexpected(*client_, r, got);
-    upload_id_.clear();
-    return OkStatus();
+    const bool in_doubt = s.code() == Code::kUnavailable ||
+                          (sent.ok() && sent->status == 404 && sent->ErrorCode() == "NoSuchUpload");
+    if (s.ok() || (in_doubt && CompletedAnyway())) {
+      upload_id_.clear();
+      return OkStatus();
+    }
+    return s;
   }
 
   bool CompletedAnyway() {
@@ -561,18 +576,29 @@ Status PutExclusive(Client& client, const std::string& full_key, std::string_vie
   CKPTIO_ASSIGN_OR_RETURN(Response got, client.Send(r, deadline));
   if (got.status == 200) return OkStatus();
   if (got.status != 412) return Unexpected(client, r, got);
-  if (got.attempts > 1) {  // perhaps our own earlier try, whose answer was lost
-    auto size = Head(client, full_key, deadline);
-    if (size.ok() && *size == bytes.size()) {
-      std::string stored(bytes.size(), '\0');
-      if (bytes.empty() ||
-          (GetRange(client, full_key, 0, stored.data(), stored.size(), deadline).ok() &&
-           stored == bytes))
-        return OkStatus();
-    }
-  }
-  return Status(Code::kAlreadyExists,
-                client.Where(full_key) + " already exists (created by another writer)");
+  // The key exists. It may be our own create, stored by an earlier send
+  // whose answer was lost: one of ours (got.attempts > 1), or libcurl's,
+  // which resends a request on its own when a reused connection dies before
+  // the answer (7.88 cannot be told not to; attempts does not count those).
+  // Whatever we create exclusively is unique to its writer, so the stored
+  // bytes tell.
+  const Status taken(Code::kAlreadyExists,
+                     client.Where(full_key) + " already exists (created by another writer)");
+  auto unknown = [&](const Status& why) {
+    return Status(Code::kUnavailable, client.Where(full_key) +
+                                          " exists, and whether this writer created it is "
+                                          "unknown: reading it back failed: " +
+                                          why.message());
+  };
+  auto size = Head(client, full_key, deadline);
+  if (!size.ok()) return size.status().code() == Code::kNotFound ? taken : unknown(size.status());
+  if (*size != bytes.size()) return taken;
+  if (bytes.empty()) return OkStatus();
+  std::string stored(bytes.size(), '\0');
+  Status read = GetRange(client, full_key, 0, stored.data(), stored.size(), deadline);
+  if (read.code() == Code::kNotFound || read.code() == Code::kDataLoss) return taken;  // replaced
+  if (!read.ok()) return unknown(read);
+  return stored == bytes ? OkStatus() : taken;
 }
 
 Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, WriteMode mode) {

@@ -890,39 +890,69 @@ std::string Answer(const std::string& status, const std::string& headers = "") {
          "\r\nConnection: close\r\n\r\n";
 }
 
-// A conditional create whose first try got no proper answer (503: it may
-// have been stored) and whose retry meets 412 is ours only if the object
-// holds exactly our bytes (another writer's, of the same size, are not).
-TEST(S3AgainstAScriptedServer, ARetriedCreateIsOursOnlyIfTheObjectHoldsOurBytes) {
+// A conditional create met by 412 is ours only if the object holds exactly
+// our bytes (another writer's, of the same size, are not): after our first
+// try got no proper answer (503: it may have been stored), and on the first
+// try too (libcurl resends a request on its own when a reused connection
+// dies before the answer, which the retry count does not see).
+TEST(S3AgainstAScriptedServer, ACreateMet412IsOursOnlyIfTheObjectHoldsOurBytes) {
   const std::string mine = "our manifest's bytes";
-  for (const std::string& stored : {mine, std::string("their manifest bytes")}) {
-    ASSERT_EQ(stored.size(), mine.size());
-    std::atomic<int> puts{0};
+  for (bool first_lost : {true, false}) {
+    for (const std::string& stored : {mine, std::string("their manifest bytes")}) {
+      ASSERT_EQ(stored.size(), mine.size());
+      SCOPED_TRACE(std::string(first_lost ? "first answer 503" : "412 at once") + ", stored \"" +
+                   stored + "\"");
+      std::atomic<int> puts{0};
+      LocalServer server([&](const std::string& head) -> std::optional<std::string> {
+        const std::string n = std::to_string(stored.size());
+        if (head.rfind("PUT ", 0) == 0)
+          return ++puts == 1 && first_lost ? Answer("503 Service Unavailable")
+                                           : Answer("412 Precondition Failed");
+        if (head.rfind("HEAD ", 0) == 0)
+          return "HTTP/1.1 200 OK\r\nContent-Length: " + n + "\r\nConnection: close\r\n\r\n";
+        if (head.rfind("GET ", 0) == 0)
+          return "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-" +
+                 std::to_string(stored.size() - 1) + "/" + n + "\r\nContent-Length: " + n +
+                 "\r\nConnection: close\r\n\r\n" + stored;
+        return std::nullopt;
+      });
+      auto b = NewBackend(LocalOptions(server));
+      ASSERT_TRUE(b);
+      Status s = Put(*b, "step-000000000001/MANIFEST.json", mine, WriteMode::kCreateExclusive);
+      EXPECT_EQ(puts.load(), first_lost ? 2 : 1) << "the 503 was not retried";
+      if (stored == mine)
+        EXPECT_TRUE(IsOk(s)) << "our own create, answered late, was reported as another's: " << s;
+      else
+        EXPECT_TRUE(StatusIs(s, Code::kAlreadyExists)) << "another writer's object taken for ours";
+    }
+  }
+}
+
+// A create met by 412 whose object cannot be read back (the server fails,
+// or the time is up): whose it is is unknown, which is Unavailable, never
+// "created by another writer" (a writer told that gives up its own commit,
+// and a lock holder locks itself out until its lease goes stale).
+TEST(S3AgainstAScriptedServer, ACreateMet412ThatCannotBeReadBackIsUnavailable) {
+  for (const std::string failing : {"HEAD ", "GET "}) {
+    SCOPED_TRACE(failing + "failing");
     LocalServer server([&](const std::string& head) -> std::optional<std::string> {
-      const std::string n = std::to_string(stored.size());
-      if (head.rfind("PUT ", 0) == 0)
-        return ++puts == 1 ? Answer("503 Service Unavailable") : Answer("412 Precondition Failed");
+      if (head.rfind("PUT ", 0) == 0) return Answer("412 Precondition Failed");
+      if (head.rfind(failing, 0) == 0) return Answer("503 Service Unavailable");
       if (head.rfind("HEAD ", 0) == 0)
-        return "HTTP/1.1 200 OK\r\nContent-Length: " + n + "\r\nConnection: close\r\n\r\n";
-      if (head.rfind("GET ", 0) == 0)
-        return "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-" +
-               std::to_string(stored.size() - 1) + "/" + n + "\r\nContent-Length: " + n +
-               "\r\nConnection: close\r\n\r\n" + stored;
+        return "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\n";
       return std::nullopt;
     });
     auto b = NewBackend(LocalOptions(server));
     ASSERT_TRUE(b);
-    Status s = Put(*b, "step-000000000001/MANIFEST.json", mine, WriteMode::kCreateExclusive);
-    EXPECT_EQ(puts.load(), 2) << "the 503 was not retried";
-    if (stored == mine)
-      EXPECT_TRUE(IsOk(s)) << "our own create, answered late, was reported as another's";
-    else
-      EXPECT_TRUE(StatusIs(s, Code::kAlreadyExists)) << "another writer's object taken for ours";
+    Status s = Put(*b, "step-000000000001/MANIFEST.json", "ours", WriteMode::kCreateExclusive);
+    EXPECT_TRUE(StatusIs(s, Code::kUnavailable)) << s;
+    EXPECT_TRUE(Contains(s.message(), "whether this writer created it is unknown")) << s;
   }
 }
 
 // A multipart upload whose CompleteMultipartUpload gets no answer (the
-// server may have completed it): Complete is not sent twice; the object
+// server may have completed it): Complete is not sent again once its time
+// is up; the object
 // counts as written only if it is there as an upload of as many parts, of
 // our size.
 TEST(S3AgainstAScriptedServer, ACompleteWithoutAnAnswerCountsOnlyIfTheObjectIsThere) {
@@ -959,6 +989,57 @@ TEST(S3AgainstAScriptedServer, ACompleteWithoutAnAnswerCountsOnlyIfTheObjectIsTh
       EXPECT_TRUE(IsOk(s)) << "a completed upload whose answer was lost failed the write";
     else
       EXPECT_TRUE(StatusIs(s, Code::kUnavailable)) << "an upload not completed counted as written";
+  }
+}
+
+// A CompleteMultipartUpload answered 500 is sent again (S3 asks for that);
+// one answered 404 NoSuchUpload (an earlier send, ours or libcurl's own
+// resend, completed it and its answer was lost) counts as written only if
+// the object is there as an upload of as many parts, of our size.
+TEST(S3AgainstAScriptedServer, ACompleteAnswered500IsSentAgainAndNoSuchUploadLooksAtTheObject) {
+  const std::string data(size_t{11} << 20, 'd');  // 3 parts of 5 MiB
+  enum Case { kFailsOnce, kNoSuchUploadThere, kNoSuchUploadNotThere };
+  for (Case c : {kFailsOnce, kNoSuchUploadThere, kNoSuchUploadNotThere}) {
+    SCOPED_TRACE(c);
+    std::atomic<int> completes{0};
+    LocalServer server([&](const std::string& head) -> std::optional<std::string> {
+      if (head.rfind("POST ", 0) == 0 && head.find("uploads=") != std::string::npos)
+        return HttpOk(
+            "<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+            "</InitiateMultipartUploadResult>");
+      if (head.rfind("PUT ", 0) == 0 && head.find("partNumber=") != std::string::npos)
+        return Answer("200 OK", "ETag: \"p\"\r\n");
+      if (head.rfind("POST ", 0) == 0) {
+        if (c == kFailsOnce)
+          return ++completes == 1 ? Answer("500 Internal Server Error")
+                                  : HttpOk(
+                                        "<CompleteMultipartUploadResult><ETag>\"e-3\"</ETag>"
+                                        "</CompleteMultipartUploadResult>");
+        ++completes;
+        const std::string xml = "<Error><Code>NoSuchUpload</Code></Error>";
+        return "HTTP/1.1 404 Not Found\r\nContent-Length: " + std::to_string(xml.size()) +
+               "\r\nConnection: close\r\n\r\n" + xml;
+      }
+      if (head.rfind("HEAD ", 0) == 0) {
+        if (c != kNoSuchUploadThere) return Answer("404 Not Found");
+        return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(data.size()) +
+               "\r\nETag: \"0123456789abcdef-3\"\r\nConnection: close\r\n\r\n";
+      }
+      return Answer("204 No Content");  // the abort of an upload
+    });
+    S3Options o = LocalOptions(server);
+    o.part_bytes = uint64_t{5} << 20;
+    auto b = NewBackend(o);
+    ASSERT_TRUE(b);
+    Status s = Put(*b, "step-000000000001/big.bin", data);
+    if (c == kFailsOnce) {
+      EXPECT_TRUE(IsOk(s)) << s;
+      EXPECT_EQ(completes.load(), 2) << "a Complete answered 500 was not sent again";
+    } else if (c == kNoSuchUploadThere) {
+      EXPECT_TRUE(IsOk(s)) << "a completed upload answered NoSuchUpload failed the write: " << s;
+    } else {
+      EXPECT_FALSE(IsOk(s)) << "an upload not completed counted as written";
+    }
   }
 }
 
