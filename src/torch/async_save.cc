@@ -4,9 +4,12 @@
 // thing a Checkpointer must end.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -76,6 +79,11 @@ struct internal::AsyncSave {
   std::vector<CopyJob> memcpys;
   StagedViews views;
   std::thread worker;
+  // Whether the worker is still at work, for a caller that waits for it
+  // in slices (see FinishAsync).
+  std::mutex mu;
+  std::condition_variable finished;
+  bool running = false;
   int64_t step = 0;
   Status result;            // the worker's outcome, read after join
   bool unreported = false;  // result not yet returned by a later call
@@ -83,6 +91,9 @@ struct internal::AsyncSave {
   // Set as the Checkpointer closes: a waiting rank's background wait ends
   // (rank 0's save is finished).
   std::atomic<bool> closing{false};
+  // Set while a later call of the caller's, waiting for the worker, was
+  // interrupted: a waiting rank's background wait ends.
+  std::atomic<bool> interrupted{false};
   // Bytes of the optimizers' archives at the last save that made them (a
   // lower bound when they did not fit): a save whose tensors and archives
   // would not fit again is synchronous before anything is copied.
@@ -97,7 +108,30 @@ Checkpointer::Impl::~Impl() {
 }
 
 Status Checkpointer::Impl::FinishAsync() {
-  if (async_->worker.joinable()) async_->worker.join();
+  internal::AsyncSave& as = *async_;
+  if (as.worker.joinable()) {
+    // A rank other than 0 may be waiting in the background for rank 0's
+    // commit, up to the deadline: this wait for it ends with this thread's
+    // WaitInterrupt (Ctrl-C in Python), as the waits of a save do, and
+    // ends the background wait too (rank 0's save is always finished).
+    Status stop;
+    std::unique_lock<std::mutex> g(as.mu);
+    while (as.running && stop.ok()) {
+      as.finished.wait_for(g, std::chrono::milliseconds(50));
+      if (!as.running || rank_.rank == 0) continue;
+      g.unlock();  // the check may run Python's signal handlers
+      stop = WaitInterrupt::Check();
+      g.lock();
+    }
+    g.unlock();
+    if (!stop.ok()) as.interrupted = true;
+    as.worker.join();
+    as.interrupted = false;
+    if (!stop.ok()) {
+      as.unreported = false;  // the abandoned save's outcome is on its future
+      return stop;
+    }
+  }
   if (!async_->unreported) return OkStatus();
   async_->unreported = false;
   return async_->result.WithContext("the asynchronous save of step " +
@@ -246,26 +280,32 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
     return s;
   };
   try {
+    as.running = true;  // (no worker runs now: FinishAsync joined it)
     as.worker = std::thread([this, step, write, promise] {
       // A rank that only waits for rank 0's commit has nothing to finish
       // when its Checkpointer closes (a trainer that gives up on Ctrl-C).
       WaitInterrupt closed([this, step] {
-        return rank_.rank != 0 && async_->closing
-                   ? Status(Code::kAborted,
-                            "the Checkpointer was closed while waiting for rank "
-                            "0 to commit step " +
-                                std::to_string(step))
-                   : OkStatus();
+        if (rank_.rank == 0) return OkStatus();
+        const std::string waiting =
+            " while waiting for rank 0 to commit step " + std::to_string(step);
+        if (async_->closing) return Status(Code::kAborted, "the Checkpointer was closed" + waiting);
+        if (async_->interrupted)
+          return Status(Code::kAborted, "the next call of this rank was interrupted" + waiting);
+        return OkStatus();
       });
       Status s = write();
       async_->result = s;
       async_->unreported = !s.ok();
       promise->set_value(std::move(s));
+      std::lock_guard<std::mutex> g(async_->mu);
+      async_->running = false;
+      async_->finished.notify_all();
     });
   } catch (const std::exception& e) {  // std::system_error (RLIMIT_NPROC), std::bad_alloc
     Log(LogLevel::kWarning, "SaveAsync of step " + std::to_string(step) +
                                 " could not start its thread (" + e.what() +
                                 "): saving synchronously");
+    as.running = false;
     return done_now(write());
   }
   return future;

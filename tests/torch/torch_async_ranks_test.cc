@@ -101,6 +101,48 @@ TEST_F(AsyncSaveTest, ClosingAWaitingRanksCheckpointerEndsItsBackgroundWait) {
       << s;
 }
 
+// A rank's next call that must first wait for its background wait for rank
+// 0's commit (SaveAsync) ends with the caller's WaitInterrupt (Ctrl-C in
+// Python) within the interrupt's polling, not at the deadline, and ends the
+// background wait too, its future saying so; the rank's saves after that
+// wait again as they should.
+TEST_F(AsyncSaveTest, AnInterruptedCallEndsAWaitingRanksBackgroundWait) {
+  const std::string store = dir_.Sub("store");
+  CheckpointerOptions o;
+  o.wait = WaitOn::FileLock();
+  o.timeout = 30s;
+  auto c0 = RankOfTwo(0, "interrupt-test", store, o), c1 = RankOfTwo(1, "interrupt-test", store, o);
+  ASSERT_TRUE(c0 && c1);
+  Net net;
+  State state{{"model", net}};
+  std::future<Status> waiting = c1->SaveAsync(1, state);
+  EXPECT_EQ(waiting.wait_for(200ms), std::future_status::timeout) << "rank 0 never committed";
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s;
+  {
+    WaitInterrupt interrupt([&]() -> Status {
+      return std::chrono::steady_clock::now() - t0 > 300ms
+                 ? Status(Code::kAborted, "interrupted by the test")
+                 : OkStatus();
+    });
+    s = c1->Save(2, state);
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, 5s) << "the interrupted call waited for rank 0's deadline";
+  EXPECT_EQ(s.code(), Code::kAborted) << s;
+  EXPECT_EQ(s.message(), "interrupted by the test");
+  ASSERT_EQ(waiting.wait_for(0s), std::future_status::ready);
+  Status background = waiting.get();
+  EXPECT_EQ(background.code(), Code::kAborted) << background;
+  EXPECT_NE(background.message().find("interrupted while waiting for rank 0 to commit step 1"),
+            std::string::npos)
+      << background;
+  // Not a closed Checkpointer: the next background wait waits.
+  std::future<Status> next = c1->SaveAsync(3, state);
+  EXPECT_EQ(next.wait_for(500ms), std::future_status::timeout)
+      << "the next wait ended at once: " << next.get();
+}
+
 // A striped save whose rank 2 never saves: rank 0's error names rank 2 and
 // the save's timeout, even though rank 1's part came late and left the wait
 // for rank 2 only what remained of the deadline.
