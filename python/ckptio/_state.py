@@ -23,6 +23,8 @@ import re
 
 import torch
 
+from ._errors import InvalidArgumentError
+
 TREE_KEY = "ckptio.python"
 FORMAT = 1
 _ITEM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,159}")  # (fullmatch)
@@ -59,8 +61,9 @@ def _encode(value, key, path, tensors):
     if isinstance(value, torch.Tensor):
         name = key + "/" + "/".join(str(p) for p in path) if path else key
         if name in tensors:
-            raise ValueError(f"state[{key!r}]{_path_str(path)}: two tensors would be named "
-                             f"{name!r}; rename a key")
+            raise InvalidArgumentError(
+                f"state[{key!r}]{_path_str(path)}: two tensors would be named "
+                f"{name!r}; rename a key")
         tensors[name] = value
         return {"$t": name}
     if isinstance(value, tuple):
@@ -95,13 +98,13 @@ def _decode(enc, tensors):
             return base64.b64decode(body)
         if tag == "$t":
             if body not in tensors:
-                raise ValueError(f"the step names tensor {body!r} but does not hold it")
+                raise InvalidArgumentError(f"the step names tensor {body!r} but does not hold it")
             return tensors[body]
         if tag == "$tuple":
             return tuple(_decode(v, tensors) for v in body)
         if tag == "$d":
             return {_decode(k, tensors): _decode(v, tensors) for k, v in body}
-    raise ValueError(f"the step's {TREE_KEY} holds an unknown value {str(enc)[:80]!r}")
+    raise InvalidArgumentError(f"the step's {TREE_KEY} holds an unknown value {str(enc)[:80]!r}")
 
 
 _TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
@@ -133,12 +136,13 @@ def check_keys(state):
     name = _ITEM_NAME.fullmatch
     for key in state:
         if not isinstance(key, str) or not name(key) or key == "tensors":
-            raise ValueError(f"state key {key!r}: keys are 1 to 160 of [A-Za-z0-9._-], not "
-                             "starting with '.', and not \"tensors\"")
+            raise InvalidArgumentError(
+                f"state key {key!r}: keys are 1 to 160 of [A-Za-z0-9._-], not "
+                "starting with '.', and not \"tensors\"")
 
 
 def plan_save(state):
-    """The Plan of `state`; TypeError / ValueError naming the key path of
+    """The Plan of `state`; TypeError / InvalidArgumentError naming the key path of
     anything that cannot be saved, before anything is written."""
     check_keys(state)
     plan = Plan()
@@ -176,12 +180,14 @@ def _check_optimizer(key, optimizer, loaded):
     before anything is loaded."""
     groups, saved = optimizer.param_groups, loaded.get("param_groups")
     if not isinstance(saved, list) or len(saved) != len(groups):
-        raise ValueError(f"state[{key!r}]: the optimizer has {len(groups)} parameter groups, "
-                         f"the step {len(saved) if isinstance(saved, list) else 'none'}")
+        raise InvalidArgumentError(
+            f"state[{key!r}]: the optimizer has {len(groups)} parameter groups, "
+            f"the step {len(saved) if isinstance(saved, list) else 'none'}")
     for i, (g, s) in enumerate(zip(groups, saved)):
         if len(g["params"]) != len(s.get("params", ())):
-            raise ValueError(f"state[{key!r}]: parameter group {i} has {len(g['params'])} "
-                             f"parameters, the step's {len(s.get('params', ()))}")
+            raise InvalidArgumentError(
+                f"state[{key!r}]: parameter group {i} has {len(g['params'])} "
+                f"parameters, the step's {len(s.get('params', ()))}")
 
 
 class LoadStateDict:
@@ -195,14 +201,15 @@ class LoadStateDict:
 
 def decode_step(state, metadata, tensors):
     """What a load puts into `state`: key -> its new value, or a
-    LoadStateDict for an item's load_state_dict; raises ValueError, before
+    LoadStateDict for an item's load_state_dict; raises InvalidArgumentError, before
     anything changes, when the step does not fit, or its tree is not one
     ckptio writes (whatever it holds)."""
     try:
         return _decode_step(state, metadata, tensors)
     except (KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
-        raise ValueError(f"the step's {TREE_KEY} is malformed ({type(e).__name__}: "
-                         f"{str(e)[:200]}): ckptio did not write it, or wrote it damaged") from None
+        raise InvalidArgumentError(
+            f"the step's {TREE_KEY} is malformed ({type(e).__name__}: "
+            f"{str(e)[:200]}): ckptio did not write it, or wrote it damaged") from None
 
 
 def _decode_step(state, metadata, tensors):
@@ -214,10 +221,11 @@ def _decode_step(state, metadata, tensors):
         try:
             tree = json.loads(tree)
         except ValueError as e:
-            raise ValueError(f"the step's {TREE_KEY} is not JSON: {e}") from None
+            raise InvalidArgumentError(f"the step's {TREE_KEY} is not JSON: {e}") from None
         if not isinstance(tree, dict) or tree.get("format") != FORMAT:
-            raise ValueError(f"the step's {TREE_KEY} has format {tree.get('format')!r}; this "
-                             f"ckptio reads format {FORMAT}: upgrade ckptio")
+            raise InvalidArgumentError(
+                f"the step's {TREE_KEY} has format {tree.get('format')!r}; this "
+                f"ckptio reads format {FORMAT}: upgrade ckptio")
         items = tree["items"]
     out = {}
     for key, value in state.items():
@@ -229,15 +237,16 @@ def _decode_step(state, metadata, tensors):
             entry = _TENSOR_ITEM
         if entry is None:
             held = sorted(set(items) | {k for k in tensors if "/" not in k})
-            raise ValueError(f"state[{key!r}]: the step holds no item {key!r} (it holds "
-                             f"{held[:20]})")
+            raise InvalidArgumentError(f"state[{key!r}]: the step holds no item {key!r} (it holds "
+                                       f"{held[:20]})")
         if entry["kind"] == "tensor":
             if kind == "state_dict":
-                raise ValueError(f"state[{key!r}] has state_dict(), but the step saved a "
-                                 f"tensor under {key!r}")
+                raise InvalidArgumentError(f"state[{key!r}] has state_dict(), but the step saved a "
+                                           f"tensor under {key!r}")
             if key not in tensors:
-                raise ValueError(f"state[{key!r}]: the step lists tensor {key!r} but does not "
-                                 "hold it")
+                raise InvalidArgumentError(
+                    f"state[{key!r}]: the step lists tensor {key!r} but does not "
+                    "hold it")
             out[key] = tensors[key]
         elif entry["kind"] == "cxx_metadata":
             raw = metadata[key]
@@ -245,16 +254,17 @@ def _decode_step(state, metadata, tensors):
             out[key] = int(raw) if as_int else raw
         elif kind == "state_dict":
             if entry["kind"] != "state_dict":
-                raise ValueError(f"state[{key!r}] has state_dict(), but the step saved a "
-                                 f"{entry['kind']} under {key!r}")
+                raise InvalidArgumentError(f"state[{key!r}] has state_dict(), but the step saved a "
+                                           f"{entry['kind']} under {key!r}")
             decoded = _decode(entry["value"], tensors)
             if isinstance(value, torch.optim.Optimizer):
                 _check_optimizer(key, value, decoded)
             out[key] = LoadStateDict(decoded)
         else:
             if entry["kind"] != "value":
-                raise ValueError(f"state[{key!r}]: the step saved a {entry['kind']} under "
-                                 f"{key!r}, not a value")
+                raise InvalidArgumentError(
+                    f"state[{key!r}]: the step saved a {entry['kind']} under "
+                    f"{key!r}, not a value")
             out[key] = _decode(entry["value"], tensors)
     return out
 

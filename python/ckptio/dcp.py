@@ -86,8 +86,8 @@ def _name(value):
 def _torch_attr(name, kind):
     value = getattr(torch, name, None)
     if not isinstance(value, kind):
-        raise ValueError(f"the step's {METADATA_OBJECT} names {name!r}, which is not a "
-                         f"torch.{kind.__name__}")
+        raise InvalidArgumentError(f"the step's {METADATA_OBJECT} names {name!r}, which is not a "
+                                   f"torch.{kind.__name__}")
     return value
 
 
@@ -123,8 +123,9 @@ def _decode_metadata(text):
     try:
         j = json.loads(text)
         if j.get("format") != FORMAT:
-            raise ValueError(f"format {j.get('format')!r}; this ckptio reads format {FORMAT}: "
-                             "upgrade ckptio")
+            raise InvalidArgumentError(
+                f"format {j.get('format')!r}; this ckptio reads format {FORMAT}: "
+                "upgrade ckptio")
         state = {}
         for fqn, m in j["state_dict_metadata"].items():
             if m.get("bytes"):
@@ -150,8 +151,9 @@ def _decode_metadata(text):
                         planner_data=_state._decode(j["planner_data"], {}),
                         storage_data=storage, **kwargs)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
-        raise ValueError(f"the step's {METADATA_OBJECT} does not hold DCP metadata ckptio can "
-                         f"read ({type(e).__name__}: {str(e)[:200]})") from None
+        raise InvalidArgumentError(
+            f"the step's {METADATA_OBJECT} does not hold DCP metadata ckptio can "
+            f"read ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 # --- The plugin -------------------------------------------------------------
@@ -312,7 +314,7 @@ class StorageReader(_dcp.StorageReader):
             raise error
         if box.item() < 0:
             raise InvalidArgumentError(f"the coordinator found no step of {self.uri} to load "
-                                       "(its error says why)")
+                                                 "(its error says why)")
         return int(box.item())
 
     def _newest_good(self):
@@ -324,9 +326,10 @@ class StorageReader(_dcp.StorageReader):
         step = self._choose_step()
         self._reader = _ckptio.Store(self.uri).open_step(step)
         if _STEP_KEY not in self._reader.metadata:
-            raise InvalidArgumentError(f"step {step} of {self.uri} was not saved by "
-                                       "torch.distributed.checkpoint (ckptio.dcp): load it "
-                                       "with ckptio.Checkpointer")
+            raise InvalidArgumentError(
+                f"step {step} of {self.uri} was not saved by "
+                "torch.distributed.checkpoint (ckptio.dcp): load it "
+                "with ckptio.Checkpointer")
         return _decode_metadata(self._reader.read_all(METADATA_OBJECT).decode())
 
     def set_up_storage_reader(self, metadata, is_coordinator):
@@ -353,8 +356,9 @@ class StorageReader(_dcp.StorageReader):
                 saved = saved.narrow(dim, offset, length)
             target = planner.resolve_tensor(req).detach()
             if target.size() != saved.size():
-                raise ValueError(f"{req.storage_index.fqn}: the step holds {list(saved.size())}, "
-                                 f"the state {list(target.size())}")
+                raise InvalidArgumentError(
+                    f"{req.storage_index.fqn}: the step holds {list(saved.size())}, "
+                    f"the state {list(target.size())}")
             target.copy_(saved)
             planner.commit_tensor(req, target)
         fut = torch.futures.Future()

@@ -1,7 +1,8 @@
 """A store someone else wrote: committed, verifying steps whose Python tree
 (the ckptio.python metadata entry) is not one ckptio writes. Every such
-load is a ValueError naming the entry, raised before the state changes, and
-nothing in the store is ever executed: there is no pickle to run."""
+load is an InvalidArgumentError (a ValueError) naming the entry, raised
+before the state changes, and nothing in the store is ever executed: there
+is no pickle to run."""
 import json
 import os
 
@@ -47,13 +48,13 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_a_hostile_tree_is_a_value_error_and_changes_nothing(tmp_path, name):
+def test_a_hostile_tree_is_an_invalid_argument_error_and_changes_nothing(tmp_path, name):
     store = str(tmp_path / "store")
     commit(store, 1, HOSTILE[name])
     model = torch.nn.Linear(3, 3)
     before = model.weight.clone()
     state = {"model": model, "epoch": 7}
-    with pytest.raises(ValueError):
+    with pytest.raises(ckptio.InvalidArgumentError):
         ckptio.Checkpointer(store).load(state)
     assert state["epoch"] == 7 and torch.equal(model.weight, before)
     assert not os.path.exists(tmp_path / PWNED)
@@ -141,7 +142,7 @@ def test_a_store_whose_every_step_is_damaged_raises_instead_of_starting_over(tmp
 def test_traversal_in_names_is_refused_before_anything_is_written(tmp_path):
     store = tmp_path / "store"
     for bad in ("../escape", "a/../../b", "/abs", ".hidden"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ckptio.InvalidArgumentError):
             ckptio.Checkpointer(str(store)).save(1, {bad: torch.ones(1)})
     assert not (tmp_path / "escape").exists() and not (tmp_path / "b").exists()
     assert not os.path.exists(os.path.join(str(store), "step-000000000001"))
