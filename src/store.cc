@@ -198,7 +198,7 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
                                               std::to_string(options.world_size));
 
   // 1. The lock, waiting up to lock_wait.
-  const auto deadline = std::chrono::steady_clock::now() + options.lock_wait;
+  const auto deadline = DeadlineAfter(options.lock_wait);  // (saturating: max() is for ever)
   std::unique_ptr<BackendLock> lock;
   while (true) {
     auto got = backend_->TryLock(kLockKey);

@@ -5,6 +5,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -54,6 +56,19 @@ class KeptError {
  private:
   std::shared_ptr<py::error_already_set> error_;
 };
+
+// A timeout argument `name` of `seconds` (a Python float) as milliseconds:
+// finite, 0 to 1e12 s (NaN, infinities and negatives would overflow or make
+// no sense as a deadline; every wait of ckptio has one), else ValueError
+// (InvalidArgumentError) naming it.
+inline std::chrono::milliseconds TimeoutArg(double seconds, const char* name) {
+  if (!(seconds >= 0 && seconds <= 1e12))  // (false for NaN too)
+    Raise(Status(Code::kInvalidArgument,
+                 std::string(name) + "=" + py::repr(py::float_(seconds)).cast<std::string>() +
+                     ": give a number of seconds from 0 to 1e12 (every wait of ckptio ends "
+                     "by a deadline)"));
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
 
 // A WaitInterrupt's check: Python's signal handlers run between the polls
 // of every wait of the call (the GIL taken for that only), so Ctrl-C ends

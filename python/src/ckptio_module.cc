@@ -7,7 +7,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <future>
 #include <map>
@@ -86,12 +88,17 @@ class PySaveFuture {
   bool done() const {
     return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   }
-  // True once done; false when `timeout_s` (None: no limit) passed first.
+  // True once done; false when `timeout_s` (None or +inf: no limit, as
+  // concurrent.futures has it; negative: none left) passed first.
   bool Wait(std::optional<double> timeout_s) const {
-    const auto deadline =
-        timeout_s
-            ? DeadlineAfter(std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000)))
-            : std::chrono::steady_clock::time_point::max();
+    if (timeout_s && std::isnan(*timeout_s))
+      python::Raise(
+          Status(Code::kInvalidArgument, "timeout=nan: give a number of seconds, or None"));
+    auto deadline = std::chrono::steady_clock::time_point::max();
+    if (timeout_s && *timeout_s < 0)
+      deadline = std::chrono::steady_clock::now();
+    else if (timeout_s && std::isfinite(*timeout_s))
+      deadline = DeadlineAfter(TimeoutArg(std::min(*timeout_s, 1e12), "timeout"));
     while (true) {
       {
         py::gil_scoped_release release;
@@ -182,7 +189,7 @@ class PyCheckpointer {
                                                "\"store\""));
     }
     o.keep_last = keep_last;
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    o.timeout = TimeoutArg(timeout_s, "timeout");
     o.stripe = stripe;
     o.max_staging_bytes = max_staging_bytes;
     // (Rank 0 may wait for the writer lock.)

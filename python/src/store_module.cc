@@ -183,7 +183,7 @@ class PyStore {
   PyPendingStep Begin(int64_t step, int keep_last, double lock_wait_s, int world_size) {
     WriterOptions o;
     o.keep_last = keep_last;
-    o.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(lock_wait_s * 1000));
+    o.lock_wait = TimeoutArg(lock_wait_s, "lock_wait");
     o.world_size = world_size;
     auto writer = Value(Interruptible([&] { return store_->OpenWriter(o); }));
     auto pending = Value(Released([&] { return writer->Begin(step); }));

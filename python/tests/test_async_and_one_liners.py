@@ -1,6 +1,7 @@
 """save_async (the state may change as soon as it returns; the future and
 the next call report a failure) and the one-liners ckptio.save / ckptio.load
 (next step, newest good step, no lock, values only)."""
+import math
 import os
 
 import pytest
@@ -44,6 +45,20 @@ def test_save_async_saves_the_state_as_it_was_when_the_call_returned(tmp_path):
     for k, v in loaded.state_dict().items():
         assert torch.equal(v, saved[k]), k
     assert torch.equal(loaded_optim.state_dict()["state"][0]["exp_avg"], saved_avg)
+
+
+def test_timeouts_are_checked_and_a_future_waits_as_concurrent_futures_does(tmp_path):
+    # Infinite, huge or negative seconds overflowed milliseconds before.
+    for bad in (math.inf, math.nan, -1.0, 1e16):
+        with pytest.raises(ckptio.InvalidArgumentError, match="timeout="):
+            ckptio.Checkpointer(tmp_path / "store", timeout=bad)
+    ckpt = ckptio.Checkpointer(tmp_path / "store")
+    fut = ckpt.save_async(1, {"w": torch.ones(3)})
+    with pytest.raises(ckptio.InvalidArgumentError, match="timeout=nan"):
+        fut.result(timeout=math.nan)
+    assert fut.result(timeout=math.inf) == 1  # no limit, as None
+    assert fut.result(timeout=1e16) == 1
+    assert fut.result(timeout=-1) == 1  # done: no time needed
 
 
 def test_a_failed_save_async_is_on_its_future_and_raised_by_the_next_call_once(tmp_path):
