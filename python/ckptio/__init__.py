@@ -58,6 +58,29 @@ def rank_info():
     return info
 
 
+class _Storage:
+    """What a two-argument map_location function gets as its storage.
+    torch.load passes the storage as deserialized, on the CPU, and takes
+    back the storage to use: unchanged (the CPU), moved (``.cuda(i)``,
+    ``.cpu()``, ``.to(device)``) or None (where it was saved). ckptio
+    decides devices before it reads anything, so this stands in for the
+    storage and records where the function sends it."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+
+    def cpu(self):
+        return _Storage("cpu")
+
+    def cuda(self, device=None, non_blocking=False, **kwargs):
+        if device is None:
+            device = torch.cuda.current_device()
+        return _Storage(torch.device("cuda", device) if isinstance(device, int) else device)
+
+    def to(self, device, *args, **kwargs):
+        return _Storage(device)
+
+
 def _map_location(map_location):
     """torch.load's map_location forms, as the core takes them: None (auto:
     cuda:LOCAL_RANK when CUDA is there, else CPU), a device string, or a
@@ -72,16 +95,19 @@ def _map_location(map_location):
         table = {str(k): str(v) for k, v in map_location.items()}
         return lambda saved: table.get(saved, saved)
     if callable(map_location):
-        # torch.load calls fn(storage, location); ckptio has no storage to
-        # give: a two-argument function gets None for it.
         try:
             params = inspect.signature(map_location).parameters.values()
             two = len([p for p in params if p.kind in (p.POSITIONAL_ONLY,
                                                        p.POSITIONAL_OR_KEYWORD)]) >= 2
         except (TypeError, ValueError):  # (a builtin without a signature)
             two = False
-        return (lambda saved: str(map_location(None, saved))) if two else (
-            lambda saved: str(map_location(saved)))
+
+        def target(saved):
+            out = map_location(_Storage(), saved) if two else map_location(saved)
+            if out is None:  # torch.load: restore where it was saved
+                return saved
+            return str(out.device) if isinstance(out, _Storage) else str(out)
+        return target
     raise InvalidArgumentError(f"map_location {map_location!r}: give None, a device string, a "
                                "torch.device, a dict or a function")
 

@@ -231,7 +231,10 @@ def test_map_location_forms(store):
     ckpt = ckptio.Checkpointer(store)
     ckpt.save(1, {"t": torch.arange(4.0)})
     for where in ("cpu", torch.device("cpu"), {"cpu": "cpu"}, lambda saved: "cpu",
-                  lambda storage, loc: storage if loc == "x" else "cpu"):
+                  lambda storage, loc: storage if loc == "x" else "cpu",
+                  # torch.load's idioms for "on the CPU", and None for "as saved"
+                  lambda storage, loc: storage, lambda storage, loc: storage.cpu(),
+                  lambda storage, loc: storage.to("cpu"), lambda storage, loc: None):
         state = {"t": None}
         assert ckpt.load(state, map_location=where) == 1
         assert bit_equal(state["t"], torch.arange(4.0))
@@ -244,6 +247,8 @@ def test_map_location_forms(store):
     if not torch.cuda.is_available():
         with pytest.raises(ckptio.FailedPreconditionError, match="cuda"):
             ckpt.load({"t": None}, map_location="cuda:0")
+        with pytest.raises(ckptio.FailedPreconditionError, match="cuda:1"):
+            ckpt.load({"t": None}, map_location=lambda storage, loc: storage.cuda(1))
 
 
 def test_nothing_is_pickled_and_the_cxx_tools_read_python_steps(store):
