@@ -141,6 +141,20 @@ def check_keys(state):
                 "starting with '.', and not \"tensors\"")
 
 
+def _module_tensors(key, module):
+    """A module's state_dict() as [(name, tensor)]; TypeError naming the
+    entry that is not a tensor (a get_extra_state() result)."""
+    entries = list(module.state_dict(keep_vars=True).items())
+    for name, value in entries:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"state[{key!r}][{name!r}] is a {type(value).__module__}."
+                f"{type(value).__qualname__}, not a tensor (the module's get_extra_state()?): "
+                "ckptio saves and fills a module's tensors only; keep that state as a value "
+                "of its own in the state dict")
+    return entries
+
+
 def plan_save(state):
     """The Plan of `state`; TypeError / InvalidArgumentError naming the key path of
     anything that cannot be saved, before anything is written."""
@@ -150,7 +164,7 @@ def plan_save(state):
     for key, value in state.items():
         kind = kind_of(value)
         if kind == "module":
-            plan.modules[key] = list(value.state_dict(keep_vars=True).items())
+            plan.modules[key] = _module_tensors(key, value)
         elif kind == "tensor":
             plan.tensors[key] = value
             continue  # no entry: the named tensor "<key>" is the item
@@ -171,8 +185,7 @@ def plan_save(state):
 def module_request(state):
     """The modules a load fills in place: key -> [(name, tensor)]."""
     check_keys(state)
-    return {k: list(v.state_dict(keep_vars=True).items())
-            for k, v in state.items() if kind_of(v) == "module"}
+    return {k: _module_tensors(k, v) for k, v in state.items() if kind_of(v) == "module"}
 
 
 def _check_optimizer(key, optimizer, loaded):

@@ -227,6 +227,23 @@ def test_a_corrupt_newest_step_is_skipped_for_the_previous_one(store, capfd):
         ckpt.load(state, step=2)
 
 
+class WithExtraState(torch.nn.Linear):
+    def get_extra_state(self):
+        return {"calls": 3}
+
+    def set_extra_state(self, state):
+        pass
+
+
+def test_a_modules_extra_state_is_a_type_error_naming_it(store):
+    ckpt = ckptio.Checkpointer(store)
+    with pytest.raises(TypeError, match=r"state\['m'\]\['_extra_state'\] is a builtins.dict"):
+        ckpt.save(1, {"m": WithExtraState(2, 2)})
+    ckpt.save(1, {"m": torch.nn.Linear(2, 2)})
+    with pytest.raises(TypeError, match="get_extra_state"):
+        ckpt.load({"m": WithExtraState(2, 2)})
+
+
 def test_map_location_forms(store):
     ckpt = ckptio.Checkpointer(store)
     ckpt.save(1, {"t": torch.arange(4.0)})
