@@ -273,7 +273,10 @@ class StorageReader(_dcp.StorageReader):
     """Loads a step of the ckptio store at ``uri``: ``step``, or the newest
     that verifies. With torch.distributed initialized, the coordinator of
     ``process_group`` (default: the default group) chooses the step and
-    tells the other ranks, so that every rank reads the same one."""
+    tells the other ranks, so that every rank reads the same one: without
+    ``step``, read_metadata() is then a collective of ``process_group``
+    (dcp.load calls it on every rank; a caller of its own, or
+    dcp.load(no_dist=True), gives ``step``)."""
 
     def __init__(self, uri, step=None, process_group=None):
         super().__init__()
@@ -314,7 +317,7 @@ class StorageReader(_dcp.StorageReader):
             raise error
         if box.item() < 0:
             raise InvalidArgumentError(f"the coordinator found no step of {self.uri} to load "
-                                                 "(its error says why)")
+                                       "(its error says why)")
         return int(box.item())
 
     def _newest_good(self):
