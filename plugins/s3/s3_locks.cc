@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -244,17 +245,18 @@ void LeaseTable::RenewOne(const std::string& key, std::chrono::milliseconds with
     lost = s.code() == Code::kAlreadyExists;
     renewed = s.ok();
   } else if (!lost && seen.ok() &&
-             std::chrono::steady_clock::now() - last <= client_->options().lease) {
-    // (Not after a whole lease without renewal, even if our record is still
-    // there: another writer may have broken it since we looked and made its
-    // own, which this PUT would overwrite. S3 cannot make the PUT
+             std::chrono::steady_clock::now() < last + client_->options().lease) {
+    // Sent only while a whole lease has not passed since the last renewal,
+    // and given up when it would: past that, another writer may have
+    // broken the lease since we looked and made its own, which this PUT
+    // would overwrite. (Narrowed, not closed: S3 cannot make the PUT
     // conditional on our record; the fence in .writer is what stops a
     // writer that lost its lease.)
     Request r;
     r.method = "PUT";
     r.key = key;
     r.body = record;
-    auto put = client_->Send(r, deadline);
+    auto put = client_->Send(r, std::min(deadline, last + client_->options().lease));
     renewed = put.ok() && put->status == 200;  // else tried again at the next turn
   }
   std::lock_guard<std::mutex> g(mu_);

@@ -6,9 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -48,8 +50,12 @@ Status ForEachParallel(size_t n, int parallel, const std::function<Status(size_t
       Status s;
       try {
         s = work(i);
-      } catch (const std::exception& e) {
+      } catch (const std::bad_alloc& e) {
         s = Status(Code::kResourceExhausted, std::string("reading in parallel: ") + e.what());
+      } catch (const std::exception& e) {
+        s = Status(Code::kInternal, std::string("reading in parallel: ") + e.what());
+      } catch (...) {
+        s = Status(Code::kInternal, "reading in parallel: an unknown exception");
       }
       if (!s.ok()) {
         std::lock_guard<std::mutex> g(mu);
@@ -436,6 +442,11 @@ class S3Writer : public ObjectWriter {
       upload_id_.clear();
       return OkStatus();
     }
+    if (sent.ok() && sent->status == 404)  // NoSuchUpload, and no object
+      return Status(Code::kUnavailable,
+                    Where() +
+                        ": the upload was gone (aborted by another writer's takeover or "
+                        "`ckptio gc`?) and the object was not written");
     return s;
   }
 

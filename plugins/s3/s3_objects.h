@@ -23,8 +23,9 @@ Result<std::string> BucketKey(const S3Options& options, std::string_view key);
 using Deadline = std::chrono::steady_clock::time_point;
 
 // kCreateExclusive as one PUT with If-None-Match: * (AlreadyExists when the
-// key exists). A 412 that a retry of ours may have caused is resolved by
-// reading the object back: it is ours if it holds exactly `bytes`.
+// key exists). Every 412 (a resend of ours, or libcurl's, may have caused
+// it) is resolved by reading the object back: it is ours if it holds
+// exactly `bytes`; Unavailable if it cannot be read.
 Status PutExclusive(Client& client, const std::string& full_key, std::string_view bytes,
                     Deadline deadline);
 

@@ -198,8 +198,8 @@ class SaveFuture:
         return self._core.done()
 
     def result(self, timeout=None):
-        """Waits until the save ended (at most ``timeout`` seconds; None: no
-        limit) and returns its step, or raises its error (rank 0's, on the
+        """Waits until the save ended (at most ``timeout`` seconds; None or
+        inf: no limit) and returns its step, or raises its error (rank 0's, on the
         waiting ranks too). TimeoutError if it is still running then."""
         if not self._core.wait(timeout):
             raise TimeoutError(f"the save of step {self.step} is still running after "

@@ -6,7 +6,6 @@
 #include <pybind11/pybind11.h>
 
 #include <chrono>
-#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>

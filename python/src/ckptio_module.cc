@@ -98,7 +98,8 @@ class PySaveFuture {
     if (timeout_s && *timeout_s < 0)
       deadline = std::chrono::steady_clock::now();
     else if (timeout_s && std::isfinite(*timeout_s))
-      deadline = DeadlineAfter(TimeoutArg(std::min(*timeout_s, 1e12), "timeout"));
+      deadline = DeadlineAfter(
+          std::chrono::milliseconds(static_cast<int64_t>(std::min(*timeout_s, 1e12) * 1000)));
     while (true) {
       {
         py::gil_scoped_release release;

@@ -54,6 +54,12 @@ def assert_same(a, b):
             assert a[k] == b[k], k
 
 
+def test_a_lock_wait_without_a_finite_deadline_is_refused_at_once(tmp_path):
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ckptio.InvalidArgumentError, match="lock_wait="):
+            ckptio.dcp.StorageWriter(tmp_path / "store", lock_wait=bad)
+
+
 def test_one_process_saves_steps_and_loads_the_newest_good_one(tmp_path, capfd):
     uri = str(tmp_path / "store")
     first, second = state_of(0), state_of(1)

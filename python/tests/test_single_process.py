@@ -169,13 +169,14 @@ def test_top_level_tensors_are_items_of_their_own(store):
     assert ckpt.load(state) == 1
     assert torch.equal(state["w"], w) and torch.equal(state["b"], b) and state["epoch"] == 3
     assert torch.equal(state["nested"]["t"], w)
-    with pytest.raises(ckptio.InvalidArgumentError, match=r"holds no item 'x' \(it holds \['b', 'epoch', "
-                                         r"'nested', 'w'\]\)"):
+    with pytest.raises(ckptio.InvalidArgumentError,
+                       match=r"holds no item 'x' \(it holds \['b', 'epoch', 'nested', 'w'\]\)"):
         ckpt.load({"w": None, "x": None})
     # An object with state_dict() is not replaced by a tensor; nothing changes.
     optim = torch.optim.SGD(torch.nn.Linear(4, 3).parameters(), lr=0.1)
     state = {"w": optim, "epoch": 0}
-    with pytest.raises(ckptio.InvalidArgumentError, match="has state_dict.., but the step saved a tensor under 'w'"):
+    with pytest.raises(ckptio.InvalidArgumentError,
+                       match="has state_dict.., but the step saved a tensor under 'w'"):
         ckpt.load(state)
     assert state["w"] is optim and state["epoch"] == 0
 

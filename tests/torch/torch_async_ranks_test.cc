@@ -116,7 +116,8 @@ TEST_F(AsyncSaveTest, AnInterruptedCallEndsAWaitingRanksBackgroundWait) {
   Net net;
   State state{{"model", net}};
   std::future<Status> waiting = c1->SaveAsync(1, state);
-  EXPECT_EQ(waiting.wait_for(200ms), std::future_status::timeout) << "rank 0 never committed";
+  EXPECT_EQ(waiting.wait_for(200ms), std::future_status::timeout)
+      << "the background wait ended, though rank 0 never saves";
   const auto t0 = std::chrono::steady_clock::now();
   Status s;
   {

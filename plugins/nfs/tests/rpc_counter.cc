@@ -1,7 +1,6 @@
 // The RPC-counting forwarder of the NFS tests (see rpc_counter.h).
 #include "rpc_counter.h"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>

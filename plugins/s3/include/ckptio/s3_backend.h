@@ -27,9 +27,10 @@
 //     upload visible whole, and durable, when it answers 200: that is the
 //     commit. Nothing of an unfinished upload is visible or listed.
 //   * kCreateExclusive is `PUT` with `If-None-Match: *` (412: AlreadyExists).
-//     A reply lost after the server stored the object makes a retry answer
-//     412: the object is then read back, and the create counts as ours only
-//     if it holds exactly our bytes. Servers ignore If-None-Match on
+//     A reply lost after the server stored the object makes a resend (ours,
+//     or libcurl's own) answer 412: so the object met by any 412 is read
+//     back, and the create counts as ours only if it holds exactly our bytes
+//     (Unavailable when it cannot be read back). Servers ignore If-None-Match on
 //     CompleteMultipartUpload, so an exclusive object larger than a part is
 //     checked with a HEAD just before completing: that is not atomic, and
 //     the core writes such objects only under names no other writer uses.
@@ -75,9 +76,10 @@
 // of a few requests (a listing of any number of pages, a delete, an
 // exclusive create with its read-back); an object's parts and large reads
 // get timeout_ms each. A server that answers for other bytes than a Range
-// asked for is Unavailable, not DataLoss. A CompleteMultipartUpload whose
-// answer was lost is not sent again: the object counts as completed if it
-// is there with our size as an upload of as many parts.
+// asked for is Unavailable, not DataLoss. A CompleteMultipartUpload is
+// sent again on 5xx; one whose outcome is in doubt (no answer in time, or
+// NoSuchUpload: an earlier send completed it) counts as completed if the
+// object is there with our size as an upload of as many parts.
 //
 // Thread safety: calls from several threads share a pool of keep-alive
 // connections (one libcurl handle each); one ObjectWriter or ObjectReader
