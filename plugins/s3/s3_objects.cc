@@ -593,8 +593,10 @@ Status PutExclusive(Client& client, const std::string& full_key, std::string_vie
   // the answer (7.88 cannot be told not to; attempts does not count those).
   // Whatever we create exclusively is unique to its writer, so the stored
   // bytes tell.
-  const Status taken(Code::kAlreadyExists,
-                     client.Where(full_key) + " already exists (created by another writer)");
+  auto taken = [&] {
+    return Status(Code::kAlreadyExists,
+                  client.Where(full_key) + " already exists (created by another writer)");
+  };
   auto unknown = [&](const Status& why) {
     return Status(Code::kUnavailable, client.Where(full_key) +
                                           " exists, and whether this writer created it is "
@@ -602,14 +604,14 @@ Status PutExclusive(Client& client, const std::string& full_key, std::string_vie
                                           why.message());
   };
   auto size = Head(client, full_key, deadline);
-  if (!size.ok()) return size.status().code() == Code::kNotFound ? taken : unknown(size.status());
-  if (*size != bytes.size()) return taken;
+  if (!size.ok()) return size.status().code() == Code::kNotFound ? taken() : unknown(size.status());
+  if (*size != bytes.size()) return taken();
   if (bytes.empty()) return OkStatus();
   std::string stored(bytes.size(), '\0');
   Status read = GetRange(client, full_key, 0, stored.data(), stored.size(), deadline);
-  if (read.code() == Code::kNotFound || read.code() == Code::kDataLoss) return taken;  // replaced
+  if (read.code() == Code::kNotFound || read.code() == Code::kDataLoss) return taken();  // replaced
   if (!read.ok()) return unknown(read);
-  return stored == bytes ? OkStatus() : taken;
+  return stored == bytes ? OkStatus() : taken();
 }
 
 Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, WriteMode mode) {
