@@ -145,15 +145,19 @@ class FileCoordinator : public Coordinator {
     if (rank_.rank != 0) return OkStatus();
     if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(RefuseReusedJobId());
     SweepOtherJobsDecisions();
-    if (mode_ != WaitMode::kFileLock || rank_.world_size < 2) return OkStatus();
-    CKPTIO_RETURN_IF_ERROR(TakeSaveLock(timeout, "as the Checkpointer opens"));
-    // The record replaced may end a save of this job's previous Checkpointer
-    // whose waiters have not read it yet: carry its outcome on.
+    if (rank_.world_size < 2) return OkStatus();
+    if (mode_ == WaitMode::kFileLock)
+      CKPTIO_RETURN_IF_ERROR(TakeSaveLock(timeout, "as the Checkpointer opens"));
+    // The record this Checkpointer replaces (its "open" record here, or its
+    // first save's record in manifest mode) may end a save of this job's
+    // previous Checkpointer whose waiters have not read it yet: carry its
+    // outcome on.
     auto replaced = ReadRecord(kSaveRecordKey, kSaveFormat);
     if (replaced.ok() && Field(*replaced, "job") == job_ &&
         (Field(*replaced, "state") == "committed" || Field(*replaced, "state") == "failed"))
       Remember(Field(*replaced, "step"), Field(*replaced, "attempt"), Field(*replaced, "state"),
                Field(*replaced, "code"), Field(*replaced, "message"));
+    if (mode_ != WaitMode::kFileLock) return OkStatus();
     return WriteRecord("", scope_ + ".0", "open", OkStatus());
   }
 

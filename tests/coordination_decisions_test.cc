@@ -133,25 +133,30 @@ TEST(FileCoordinatorTest, AFailingCheckOnRankZeroNeverFailsTheWaitForADecision) 
 }
 
 // Rank 0 closes a Checkpointer whose last save failed and opens the next on
-// the same store: the new Checkpointer's "open" record replaces the old
+// the same store: the new Checkpointer's first record (its "open" record
+// with the file lock, its first save's in manifest mode) replaces the old
 // one's outcome, and carries it on, so a rank of the old Checkpointer that
 // reads only now still gets rank 0's error (not its own deadline).
-TEST(FileCoordinatorTest, TheNextCheckpointersOpenRecordCarriesTheLastOutcome) {
-  TempDir tmp;
-  const std::string job = NewJobId();
-  auto open = [&](int rank, const std::string& scope) {
-    return OpenedCoordinator(NewPosixBackend(tmp.Sub("store")).value(), rank, job, scope);
-  };
-  auto first0 = open(0, "one"), first1 = open(1, "one");
-  ASSERT_TRUE(first0 && first1);
-  CKPTIO_ASSERT_OK(first0->BeginSave(1, "one.1", milliseconds(2000)));
-  CKPTIO_ASSERT_OK(first0->EndSave(1, "one.1", Status(Code::kResourceExhausted, "disk full")));
-  first0.reset();
-  auto second0 = open(0, "two");
-  ASSERT_TRUE(second0);
-  auto polled = first1->PollSaved(1, "one.1");
-  EXPECT_EQ(polled.status().code(), Code::kResourceExhausted) << polled.status();
-  EXPECT_NE(polled.status().message().find("disk full"), std::string::npos) << polled.status();
+TEST(FileCoordinatorTest, TheNextCheckpointersFirstRecordCarriesTheLastOutcome) {
+  for (WaitMode mode : {WaitMode::kFileLock, WaitMode::kManifest}) {
+    SCOPED_TRACE(WaitModeName(mode));
+    TempDir tmp;
+    const std::string job = NewJobId();
+    auto open = [&](int rank, const std::string& scope) {
+      return OpenedCoordinator(NewPosixBackend(tmp.Sub("store")).value(), rank, job, scope, mode);
+    };
+    auto first0 = open(0, "one"), first1 = open(1, "one");
+    ASSERT_TRUE(first0 && first1);
+    CKPTIO_ASSERT_OK(first0->BeginSave(1, "one.1", milliseconds(2000)));
+    CKPTIO_ASSERT_OK(first0->EndSave(1, "one.1", Status(Code::kResourceExhausted, "disk full")));
+    first0.reset();
+    auto second0 = open(0, "two");
+    ASSERT_TRUE(second0);
+    CKPTIO_ASSERT_OK(second0->BeginSave(2, "two.1", milliseconds(2000)));
+    auto polled = first1->PollSaved(1, "one.1");
+    EXPECT_EQ(polled.status().code(), Code::kResourceExhausted) << polled.status();
+    EXPECT_NE(polled.status().message().find("disk full"), std::string::npos) << polled.status();
+  }
 }
 
 // Rank 0's Opened (with the store's writer lock held) deletes the decision
