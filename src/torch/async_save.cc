@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -85,6 +86,7 @@ struct internal::AsyncSave {
   std::condition_variable finished;
   bool running = false;
   int64_t step = 0;
+  std::string attempt;      // of the save in the background
   Status result;            // the worker's outcome, read after join
   bool unreported = false;  // result not yet returned by a later call
   bool warned = false;      // the "too large for staging" warning, once
@@ -132,10 +134,23 @@ Status Checkpointer::Impl::FinishAsync() {
       return stop;
     }
   }
-  if (!async_->unreported) return OkStatus();
-  async_->unreported = false;
-  return async_->result.WithContext("the asynchronous save of step " +
-                                    std::to_string(async_->step) + " failed");
+  if (!as.unreported) return OkStatus();
+  as.unreported = false;
+  // A rank other than 0 whose background wait ran out of time: rank 0 may
+  // have committed since. Returning the stale error would take this rank
+  // out of the next call's agreement (a Load that rank 0 makes alone), so
+  // it looks once more.
+  if (rank_.rank != 0 && as.result.code() == Code::kDeadlineExceeded) {
+    auto committed = coordinator_->PollSaved(as.step, as.attempt);
+    if (committed.ok() && *committed) {
+      Log(LogLevel::kWarning, "the asynchronous save of step " + std::to_string(as.step) +
+                                  " was committed by rank 0 after this rank stopped waiting for "
+                                  "it (its future says DEADLINE_EXCEEDED); going on");
+      return OkStatus();
+    }
+  }
+  return as.result.WithContext("the asynchronous save of step " + std::to_string(as.step) +
+                               " failed");
 }
 
 std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& state) {
@@ -150,6 +165,7 @@ std::future<Status> Checkpointer::Impl::SaveAsync(int64_t step, const State& sta
   }
   internal::AsyncSave& as = *async_;
   as.step = step;
+  as.attempt = attempt;
   // A save that ends here (an error, or too large to stage) is reported
   // like one that ends in the background: on the future and the next call.
   auto done_now = [&](Status s) {

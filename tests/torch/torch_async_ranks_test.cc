@@ -144,6 +144,37 @@ TEST_F(AsyncSaveTest, AnInterruptedCallEndsAWaitingRanksBackgroundWait) {
       << "the next wait ended at once: " << next.get();
 }
 
+// A rank whose background wait for rank 0's commit ran out of its own time
+// before rank 0 committed: its next call looks once more and goes on (here a
+// Load, which the ranks then make together), instead of returning the stale
+// error while rank 0 loads alone.
+TEST_F(AsyncSaveTest, AWaitThatTimedOutBeforeALateCommitDoesNotSplitTheNextLoad) {
+  for (WaitOn wait : {WaitOn::Manifest(), WaitOn::FileLock()}) {
+    const std::string store = dir_.Sub(std::string(WaitModeName(wait.mode())));
+    CheckpointerOptions o;
+    o.wait = wait;
+    o.timeout = 20s;
+    auto c0 = RankOfTwo(0, "late-commit-test", store, o);
+    o.timeout = 2s;
+    auto c1 = RankOfTwo(1, "late-commit-test", store, o);
+    ASSERT_TRUE(c0 && c1);
+    Net net;
+    State state{{"model", net}};
+    Status waited = c1->SaveAsync(1, state).get();
+    EXPECT_EQ(waited.code(), Code::kDeadlineExceeded) << waited;
+    CKPTIO_ASSERT_OK(c0->Save(1, state));  // committed after rank 1 stopped waiting
+    Net net0, net1;
+    State state0{{"model", net0}}, state1{{"model", net1}};
+    Result<LoadResult> loaded1 = Status(Code::kInternal, "not loaded");
+    std::thread rank1([&] { loaded1 = c1->Load(state1); });
+    auto loaded0 = c0->Load(state0);
+    rank1.join();
+    ASSERT_TRUE(loaded0.ok()) << loaded0.status();
+    ASSERT_TRUE(loaded1.ok()) << "rank 1 left rank 0 to load alone: " << loaded1.status();
+    EXPECT_EQ(loaded1->step, loaded0->step);
+  }
+}
+
 // A striped save whose rank 2 never saves: rank 0's error names rank 2 and
 // the save's timeout, even though rank 1's part came late and left the wait
 // for rank 2 only what remained of the deadline.
