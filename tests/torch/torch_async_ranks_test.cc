@@ -81,15 +81,10 @@ TEST_F(AsyncSaveTest, ASaveRankZeroAbandonsReachesTheOtherRankAtOnce) {
 // future saying so, instead of holding the close up to the deadline (a
 // trainer that gives up on Ctrl-C exits promptly). Rank 0 never saves here.
 TEST_F(AsyncSaveTest, ClosingAWaitingRanksCheckpointerEndsItsBackgroundWait) {
-  const std::string store = dir_.Sub("store");
-  CheckpointerOptions o;
-  o.wait = WaitOn::FileLock();
-  o.timeout = 30s;
-  auto c0 = RankOfTwo(0, "close-test", store, o), c1 = RankOfTwo(1, "close-test", store, o);
-  ASSERT_TRUE(c0 && c1);
   Net net;
   State state{{"model", net}};
-  std::future<Status> waiting = c1->SaveAsync(1, state);
+  auto [c0, c1, waiting] = RankOneWaiting("close-test", state);
+  ASSERT_TRUE(c0 && c1);
   EXPECT_EQ(waiting.wait_for(200ms), std::future_status::timeout) << "rank 0 never committed";
   const auto t0 = std::chrono::steady_clock::now();
   c1.reset();
@@ -107,15 +102,10 @@ TEST_F(AsyncSaveTest, ClosingAWaitingRanksCheckpointerEndsItsBackgroundWait) {
 // background wait too, its future saying so; the rank's saves after that
 // wait again as they should.
 TEST_F(AsyncSaveTest, AnInterruptedCallEndsAWaitingRanksBackgroundWait) {
-  const std::string store = dir_.Sub("store");
-  CheckpointerOptions o;
-  o.wait = WaitOn::FileLock();
-  o.timeout = 30s;
-  auto c0 = RankOfTwo(0, "interrupt-test", store, o), c1 = RankOfTwo(1, "interrupt-test", store, o);
-  ASSERT_TRUE(c0 && c1);
   Net net;
   State state{{"model", net}};
-  std::future<Status> waiting = c1->SaveAsync(1, state);
+  auto [c0, c1, waiting] = RankOneWaiting("interrupt-test", state);
+  ASSERT_TRUE(c0 && c1);
   EXPECT_EQ(waiting.wait_for(200ms), std::future_status::timeout)
       << "the background wait ended, though rank 0 never saves";
   const auto t0 = std::chrono::steady_clock::now();

@@ -132,6 +132,23 @@ class AsyncSaveTest : public ::testing::Test {
     return {std::move(c0), std::move(c1)};
   }
 
+  // Ranks 0 and 1 of `job` over the file lock (timeout 30 s), rank 1 waiting
+  // in the background (SaveAsync of `state` as step 1) for a commit rank 0
+  // never makes. Null Checkpointers (and a test failure) if they did not open.
+  struct WaitingRank {
+    std::unique_ptr<Checkpointer> c0, c1;
+    std::future<Status> waiting;
+  };
+  WaitingRank RankOneWaiting(const std::string& job, const State& state) {
+    CheckpointerOptions o;
+    o.wait = WaitOn::FileLock();
+    o.timeout = 30s;
+    WaitingRank w{
+        RankOfTwo(0, job, dir_.Sub("store"), o), RankOfTwo(1, job, dir_.Sub("store"), o), {}};
+    if (w.c0 && w.c1) w.waiting = w.c1->SaveAsync(1, state);
+    return w;
+  }
+
   static bool Ready(const std::future<Status>& f) {
     return f.wait_for(0s) == std::future_status::ready;
   }
