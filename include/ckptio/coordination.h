@@ -140,6 +140,12 @@ class CKPTIO_EXPORT Coordinator {
   // it): deletes it, so that a long job's records do not pile up. Absent is
   // not an error. A rank still waiting for it would wait to its deadline.
   virtual Status Retract(const std::string& name) = 0;
+  // A rank other than 0, once, after WaitFor(name) returned a record that
+  // every rank but 0 reads (a load decision). Where the medium counts
+  // readers atomically (the c10d store; its save outcomes likewise), the
+  // last reader deletes the record; the file modes keep it (Retract, or the
+  // next launch, removes it).
+  virtual void Consumed(const std::string& name) { (void)name; }
 
  protected:
   // Sleeps 1 ms, then doubles up to 50 ms; false once `deadline` passed

@@ -36,14 +36,16 @@ class C10dCoordinator : public Coordinator {
   // out leaves its answer on the socket, to be read as the answer to the
   // next call.
   Result<bool> PollSaved(int64_t step, std::string_view attempt) override {
-    bool present = false;
+    const std::string key = SaveKey(step, attempt);
+    std::optional<std::string> value;
     Status s = Call("checking step " + std::to_string(step), [&] {
-      present = store_->check({SaveKey(step, attempt)});
+      if (store_->check({key})) value = Text(store_->get(key));
       return OkStatus();
     });
     if (!s.ok()) return Lost(s, "rank 0 to commit step " + std::to_string(step));
-    if (!present) return false;
-    CKPTIO_RETURN_IF_ERROR(Outcome(step, attempt));
+    if (!value) return false;
+    CountReader(key);
+    CKPTIO_RETURN_IF_ERROR(Outcome(step, *value));
     return true;
   }
 
@@ -81,7 +83,28 @@ class C10dCoordinator : public Coordinator {
     });
   }
 
+  void Consumed(const std::string& name) override { CountReader(DecisionKey(name)); }
+
  private:
+  // This rank read `key` (a save's outcome or a decision, which every rank
+  // but 0 reads once): counted in the store, and the last reader deletes
+  // it with its count, so that a long job leaves no key per save or load.
+  // Best effort: a key left behind only takes space. Never counted twice
+  // by one rank (a count too high would delete it under a rank still
+  // waiting for it).
+  void CountReader(const std::string& key) {
+    if (key == last_read_) return;
+    last_read_ = key;
+    const int64_t readers = rank_.world_size - 1;
+    (void)Call("counting the readers of " + key, [&] {
+      if (readers <= 1 || store_->add(ReadCountKey(key), 1) >= readers) {
+        store_->deleteKey(key);
+        if (readers > 1) store_->deleteKey(ReadCountKey(key));
+      }
+      return OkStatus();
+    });
+  }
+
   // A failed call on the store: its server went away.
   static Status Lost(const Status& s, const std::string& what) {
     return Status(Code::kUnavailable,
@@ -95,13 +118,10 @@ class C10dCoordinator : public Coordinator {
     return "ckptio/save/" + std::to_string(step) + "/" + std::string(attempt);
   }
   static std::string DecisionKey(const std::string& name) { return "ckptio/decision/" + name; }
+  static std::string ReadCountKey(const std::string& key) { return "ckptio/read/" + key; }
 
-  Status Outcome(int64_t step, std::string_view attempt) {
-    std::string value;
-    CKPTIO_RETURN_IF_ERROR(Call("reading step " + std::to_string(step), [&] {
-      value = Text(store_->get(SaveKey(step, attempt)));
-      return OkStatus();
-    }));
+  // The outcome rank 0 stored: OK, or its error.
+  static Status Outcome(int64_t step, const std::string& value) {
     if (value == "ok") return OkStatus();
     constexpr std::string_view kFailed = "failed:";
     std::optional<Status> sent;
@@ -129,6 +149,7 @@ class C10dCoordinator : public Coordinator {
 
   c10::intrusive_ptr<c10d::Store> store_;
   RankInfo rank_;
+  std::string last_read_;  // the key CountReader counted last
 };
 
 }  // namespace

@@ -252,8 +252,17 @@ Result<LoadResult> Checkpointer::Impl::Decide(const std::string& name, const Loa
     }();
     if (rank_.world_size > 1) CKPTIO_RETURN_IF_ERROR(PublishDecision(name, DecisionText(decision)));
   } else {
-    CKPTIO_ASSIGN_OR_RETURN(std::string payload, coordinator_->WaitFor(name, options_.timeout));
-    decision = json::parse(payload, nullptr, /*allow_exceptions=*/false);
+    auto payload = coordinator_->WaitFor(name, options_.timeout);
+    if (!payload.ok()) {
+      // The wait names the record; the user needs to know whose it is.
+      const bool late = payload.status().code() == Code::kDeadlineExceeded;
+      return payload.status().WithContext(
+          late ? "rank 0 did not say which step to load in time: check that rank 0 is alive and "
+                 "calling Load (every rank loads together), or raise the timeout"
+               : "waiting for rank 0 to say which step to load");
+    }
+    coordinator_->Consumed(name);
+    decision = json::parse(*payload, nullptr, /*allow_exceptions=*/false);
     if (decision.is_discarded())
       return Status(Code::kDataLoss, "rank 0's load decision is not valid JSON");
   }

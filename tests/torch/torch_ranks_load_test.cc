@@ -243,6 +243,10 @@ TEST_P(TorchRanksTest, RankZeroKilledBeforeItsLoadDecisionAtStartUp) {
     slowest_ms = std::max(slowest_ms,
                           ExpectKilledRankZerosWaiter(mode(), *rep, "writer died before publishing",
                                                       kill_ns, wait_start[r], kWaitTimeout));
+    if (rep->code == Code::kDeadlineExceeded) {  // names whom it waited for, and for what
+      EXPECT_NE(rep->message.find("rank 0 did not say which step to load"), std::string::npos)
+          << rep->message;
+    }
   }
   auto codes = ranks.ExitCodes(milliseconds(10000));
   for (int r = 1; r < kWorld; ++r) EXPECT_EQ(codes[r], kExitOk) << "rank " << r;

@@ -24,6 +24,7 @@ namespace {
 // store, verifies it and finds its own parameters in it bit-for-bit: it never
 // saw a torn, uncommitted or previous step. Then all ranks Load into fresh
 // models: the same step, the same parameters and Adam state on every rank.
+// The c10d store holds no key of those saves and that load afterwards.
 TEST_P(TorchRanksTest, EveryRankSeesOnlyCommittedStepsAndLoadsTheSame) {
   constexpr int kRounds = 20;
   const Launch launch = NewLaunch();
@@ -31,6 +32,9 @@ TEST_P(TorchRanksTest, EveryRankSeesOnlyCommittedStepsAndLoadsTheSame) {
     Trainee t(kInitSeed);
     auto ckpt = me.Open(kTimeout);
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
+    Result<int64_t> keys_before = -1;  // kStore, rank 0: the c10d store's keys before any save
+    if (me.c10d) keys_before = me.KeysAtBarrier("opened");
+    if (!keys_before.ok()) return Fail(me.rank, kExitSetup, keys_before.status().ToString());
     State state = t.state();
     for (int64_t step = 1; step <= kRounds; ++step) {
       t.Train(step);
@@ -52,6 +56,11 @@ TEST_P(TorchRanksTest, EveryRankSeesOnlyCommittedStepsAndLoadsTheSame) {
     t.Train(kRounds + 1);
     fresh.Train(kRounds + 1);
     me.Say("next " + t.hash() + " " + fresh.hash());
+    if (me.c10d) {
+      auto keys = me.KeysAtBarrier("loaded");
+      if (!keys.ok()) return Fail(me.rank, kExitSetup, keys.status().ToString());
+      if (me.rank == 0) me.Say("records " + std::to_string(*keys - *keys_before));
+    }
     return kExitOk;
   });
   ASSERT_TRUE(ranks.started());
@@ -77,6 +86,11 @@ TEST_P(TorchRanksTest, EveryRankSeesOnlyCommittedStepsAndLoadsTheSame) {
   for (int r = 1; r < kWorld; ++r) {
     EXPECT_EQ(trained[r], trained[0]) << "rank " << r << " trained differently (setup)";
     EXPECT_EQ(loaded[r], loaded[0]) << "rank " << r << " loaded something else than rank 0";
+  }
+  if (launch.mode == WaitMode::kStore) {
+    auto records = ranks.Await(0, "records", milliseconds(30000));
+    ASSERT_TRUE(records && records->size() == 1u);
+    EXPECT_EQ((*records)[0], "0") << "c10d keys of the saves or the load were left behind";
   }
   EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));
   if (HasFailure()) return;

@@ -68,12 +68,13 @@ TEST_P(TorchRanksTest, StripedSavesSpreadTheBytesAndLoadBitExact) {
     auto ckpt = me.Open(kTimeout, /*stripe=*/true);
     if (!ckpt.ok()) return Fail(me.rank, kExitSetup, ckpt.status().ToString());
     State state = t.state();
-    int64_t keys_after_first = 0;  // kStore, rank 0: the c10d store's keys after save 1
+    Result<int64_t> keys_before = -1;  // kStore, rank 0: the c10d store's keys before any save
+    if (me.c10d) keys_before = me.KeysAtBarrier("opened");
+    if (!keys_before.ok()) return Fail(me.rank, kExitSetup, keys_before.status().ToString());
     for (int64_t step = 1; step <= kRounds; ++step) {
       t.Train(step);
       Status s = (*ckpt)->Save(step, state);
       if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
-      if (step == 1 && me.c10d && me.rank == 0) keys_after_first = me.c10d->getNumKeys();
       auto bytes = BytesByRank(launch.path, step);
       if (!bytes.ok()) return Fail(me.rank, kExitBadStep, bytes.status().ToString());
       std::string line = "bytes";
@@ -91,22 +92,14 @@ TEST_P(TorchRanksTest, StripedSavesSpreadTheBytesAndLoadBitExact) {
     fresh.Train(kRounds + 1);
     me.Say("next " + t.hash() + " " + fresh.hash());
     // One more striped save: the coordination records of every striped
-    // save and of the load before it are gone once it returns on rank 0.
+    // save and of the load before it are gone once it returns on rank 0
+    // (the c10d store: once it returned on every rank, save outcomes too).
     Status s = (*ckpt)->Save(kRounds + 1, state);
     if (!s.ok()) return Fail(me.rank, kExitSaveFailed, s.ToString());
-    constexpr char kCounted[] = "torch-ranks-test/counted";
     if (me.c10d) {
-      try {
-        if (me.rank != 0) {
-          me.c10d->wait({kCounted});  // adds nothing to the store before rank 0 counted
-          return kExitOk;
-        }
-        // Keys added since save 1: one save outcome for each later save.
-        me.Say("records " + std::to_string(me.c10d->getNumKeys() - keys_after_first));
-        me.c10d->set(kCounted, std::vector<uint8_t>{1});
-      } catch (const std::exception& e) {
-        return Fail(me.rank, kExitSetup, std::string("TCPStore: ") + e.what());
-      }
+      auto keys = me.KeysAtBarrier("saved");  // every rank returned from its last save
+      if (!keys.ok()) return Fail(me.rank, kExitSetup, keys.status().ToString());
+      if (me.rank == 0) me.Say("records " + std::to_string(*keys - *keys_before));
     } else if (me.rank == 0) {
       auto left = OpenBackendForTest(launch.path)->List(".coord/");
       if (!left.ok()) return Fail(me.rank, kExitBadStep, left.status().ToString());
@@ -132,7 +125,7 @@ TEST_P(TorchRanksTest, StripedSavesSpreadTheBytesAndLoadBitExact) {
   }
   auto records = ranks.Await(0, "records", milliseconds(60000));
   ASSERT_TRUE(records && records->size() == 1u);
-  const int expected = launch.mode == WaitMode::kStore ? kRounds : 1;
+  const int expected = launch.mode == WaitMode::kStore ? 0 : 1;
   EXPECT_EQ(std::stoi((*records)[0]), expected)
       << "coordination records of striped saves or loads were left behind";
   EXPECT_ALL_RANKS_EXIT_OK(ranks, milliseconds(30000));

@@ -105,6 +105,30 @@ Result<std::unique_ptr<Checkpointer>> RankEnv::Open(milliseconds timeout, bool s
   return Checkpointer::Open(launch->path, MakeRank(rank, launch->job), o);
 }
 
+Result<int64_t> RankEnv::KeysAtBarrier(const std::string& name) {
+  const std::string arrived = "torch-ranks-test/arrived/" + name;
+  const std::string counted = "torch-ranks-test/counted/" + name;
+  try {
+    c10d->add(arrived, 1);
+    barrier_keys_ += 2;
+    if (rank != 0) {
+      c10d->wait({counted});  // adds nothing to the store before rank 0 counted
+      return -1;
+    }
+    const auto deadline = Clock::now() + milliseconds(20000);
+    while (c10d->add(arrived, 0) < kWorld) {
+      if (Clock::now() > deadline)
+        return Status(Code::kDeadlineExceeded, "not every rank came to barrier " + name);
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    const int64_t keys = c10d->getNumKeys() - (barrier_keys_ - 1);  // `counted` is not there yet
+    c10d->set(counted, std::vector<uint8_t>{1});
+    return keys;
+  } catch (const std::exception& e) {
+    return Status(Code::kUnavailable, std::string("TCPStore: ") + e.what());
+  }
+}
+
 namespace {
 constexpr char kDoneKey[] = "torch-ranks-test/done";
 }  // namespace

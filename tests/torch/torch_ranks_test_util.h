@@ -138,6 +138,14 @@ struct RankEnv {
 
   Result<std::unique_ptr<Checkpointer>> Open(milliseconds timeout, bool stripe = false,
                                              std::shared_ptr<StorageBackend> backend = {}) const;
+
+  // kStore: a barrier of every rank through the c10d store, called with the
+  // same `name` on every rank. Rank 0 gets the store's number of keys once
+  // every rank arrived, less the keys these barriers added; the others -1.
+  Result<int64_t> KeysAtBarrier(const std::string& name);
+
+ private:
+  int64_t barrier_keys_ = 0;  // the keys KeysAtBarrier added (two a barrier)
 };
 
 // The kWorld ranks of one launch (plus the TCPStore agent when asked), all
