@@ -172,10 +172,7 @@ class StorageWriter(_dcp.StorageWriter):
         self.step = step
         self.keep_last = int(keep_last)
         self.lock_wait = float(lock_wait)
-        if not 0 <= self.lock_wait <= 1e12:  # (False for NaN)
-            raise InvalidArgumentError(
-                f"lock_wait={self.lock_wait!r}: give a number of seconds from 0 to 1e12 "
-                "(every wait of ckptio ends by a deadline)")
+        _ckptio.check_wait(self.lock_wait, "lock_wait")
         self._pending = None  # the coordinator's step, from its global plan to finish
 
     def reset(self, checkpoint_id=None):

@@ -247,6 +247,12 @@ void BindStore(py::module_& m) {
       .def("open_step", &PyStore::OpenStep, py::arg("step"))
       .def("newest_good", &PyStore::NewestGood)
       .def("keys", &PyStore::Keys, py::arg("prefix") = "");
+  // For an argument kept to be used later (StorageWriter's lock_wait): the
+  // check `begin` makes, made when it is given.
+  m.def(
+      "check_wait",
+      [](double seconds, const std::string& name) { TimeoutArg(seconds, name.c_str()); },
+      py::arg("seconds"), py::arg("name"));
 }
 
 }  // namespace ckptio::python
