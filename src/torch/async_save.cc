@@ -139,8 +139,9 @@ Status Checkpointer::Impl::FinishAsync() {
   // A rank other than 0 whose background wait ran out of time: rank 0 may
   // have committed since. Returning the stale error would take this rank
   // out of the next call's agreement (a Load that rank 0 makes alone), so
-  // it looks once more.
-  if (rank_.rank != 0 && as.result.code() == Code::kDeadlineExceeded) {
+  // it looks once more. (Not when the deadline was rank 0's: its failure.)
+  if (rank_.rank != 0 && as.result.code() == Code::kDeadlineExceeded &&
+      as.result.origin() == Status::Origin::kThisProcess) {
     auto committed = coordinator_->PollSaved(as.step, as.attempt);
     if (committed.ok() && *committed) {
       Log(LogLevel::kWarning, "the asynchronous save of step " + std::to_string(as.step) +

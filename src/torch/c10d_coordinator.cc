@@ -37,6 +37,10 @@ class C10dCoordinator : public Coordinator {
   // next call.
   Result<bool> PollSaved(int64_t step, std::string_view attempt) override {
     const std::string key = SaveKey(step, attempt);
+    if (key == last_read_) {  // counted: it may be gone, and is never read again
+      CKPTIO_RETURN_IF_ERROR(Outcome(step, last_value_));
+      return true;
+    }
     std::optional<std::string> value;
     Status s = Call("checking step " + std::to_string(step), [&] {
       if (store_->check({key})) value = Text(store_->get(key));
@@ -44,7 +48,7 @@ class C10dCoordinator : public Coordinator {
     });
     if (!s.ok()) return Lost(s, "rank 0 to commit step " + std::to_string(step));
     if (!value) return false;
-    CountReader(key);
+    CountReader(key, *value);
     CKPTIO_RETURN_IF_ERROR(Outcome(step, *value));
     return true;
   }
@@ -83,18 +87,20 @@ class C10dCoordinator : public Coordinator {
     });
   }
 
-  void Consumed(const std::string& name) override { CountReader(DecisionKey(name)); }
+  void Consumed(const std::string& name) override { CountReader(DecisionKey(name), {}); }
 
  private:
   // This rank read `key` (a save's outcome or a decision, which every rank
-  // but 0 reads once): counted in the store, and the last reader deletes
-  // it with its count, so that a long job leaves no key per save or load.
-  // Best effort: a key left behind only takes space. Never counted twice
-  // by one rank (a count too high would delete it under a rank still
-  // waiting for it).
-  void CountReader(const std::string& key) {
+  // but 0 reads once), whose value was `value`: counted in the store, and
+  // the last reader deletes it with its count, so that a long job leaves no
+  // key per save or load. Best effort: a key left behind only takes space.
+  // Once counted, this rank never reads the key again (another rank may
+  // delete it meanwhile, and TCPStore's get() of a missing key blocks) nor
+  // counts it twice (which would delete it under a rank still waiting).
+  void CountReader(const std::string& key, std::string value) {
     if (key == last_read_) return;
     last_read_ = key;
+    last_value_ = std::move(value);
     const int64_t readers = rank_.world_size - 1;
     (void)Call("counting the readers of " + key, [&] {
       if (readers <= 1 || store_->add(ReadCountKey(key), 1) >= readers) {
@@ -149,7 +155,8 @@ class C10dCoordinator : public Coordinator {
 
   c10::intrusive_ptr<c10d::Store> store_;
   RankInfo rank_;
-  std::string last_read_;  // the key CountReader counted last
+  std::string last_read_;   // the key CountReader counted last
+  std::string last_value_;  // and its value (a save outcome's)
 };
 
 }  // namespace

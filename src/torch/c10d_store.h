@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "ckptio/coordination.h"
+#include "ckptio/export.h"
 #include "ckptio/rank.h"
 #include "ckptio/status.h"
 
@@ -19,8 +20,8 @@ struct C10dStoreHandle {
 }  // namespace internal
 
 // Coordination through a c10d::Store (WaitOn::C10dStore).
-Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(c10::intrusive_ptr<c10d::Store> store,
-                                                        const RankInfo& rank);
+CKPTIO_EXPORT_PRIVATE Result<std::unique_ptr<Coordinator>> NewC10dCoordinator(
+    c10::intrusive_ptr<c10d::Store> store, const RankInfo& rank);
 
 }  // namespace ckptio
 

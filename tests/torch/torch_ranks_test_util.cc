@@ -112,10 +112,12 @@ Result<int64_t> RankEnv::KeysAtBarrier(const std::string& name) {
     c10d->add(arrived, 1);
     barrier_keys_ += 2;
     if (rank != 0) {
-      c10d->wait({counted});  // adds nothing to the store before rank 0 counted
+      // Adds nothing to the store before rank 0 counted (which, under the
+      // sanitizers, can be long after this rank came).
+      c10d->wait({counted}, milliseconds(60000));
       return -1;
     }
-    const auto deadline = Clock::now() + milliseconds(20000);
+    const auto deadline = Clock::now() + milliseconds(60000);
     while (c10d->add(arrived, 0) < kWorld) {
       if (Clock::now() > deadline)
         return Status(Code::kDeadlineExceeded, "not every rank came to barrier " + name);

@@ -19,7 +19,9 @@
 // mid-save, at a fixed and at random points, then a relaunch),
 // torch_ranks_load_test.cc (non-blocking tickets, waiting for rank 0's load
 // decision, rank 0 killed before it), torch_ranks_striped_test.cc (striped
-// saves, a striping rank killed, rank 0 interrupted waiting for a stripe).
+// saves, a striping rank killed, rank 0 interrupted waiting for a stripe);
+// and c10d_coordinator_test.cc, in one process (the c10d store mode's
+// records deleted by their last reader; it uses none of this file).
 #ifndef CKPTIO_TESTS_TORCH_TORCH_RANKS_TEST_UTIL_H_
 #define CKPTIO_TESTS_TORCH_TORCH_RANKS_TEST_UTIL_H_
 
