@@ -22,6 +22,12 @@ CheckpointReader::CheckpointReader(std::shared_ptr<StorageBackend> backend, Mani
 
 CheckpointReader::~CheckpointReader() = default;
 
+namespace {
+// What to do about a step whose bytes do not match its manifest.
+constexpr char kCorrupt[] =
+    "the checkpoint is corrupt: load an older step, and run `ckptio fsck --repair` to retire it";
+}  // namespace
+
 Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
   auto it = open_.find(e.name);
   if (it != open_.end()) return it->second.get();
@@ -41,11 +47,11 @@ Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
     return s.WithContext("store " + backend_->Uri() + ", step " + std::to_string(step()));
   }
   if ((*reader)->Size() != e.size)
-    return Status(Code::kDataLoss, "store " + backend_->Uri() + ", step " + std::to_string(step()) +
-                                       ", object " + e.name + ": " +
-                                       std::to_string((*reader)->Size()) +
-                                       " bytes on storage, the manifest records " +
-                                       std::to_string(e.size) + " (torn or altered object)");
+    return Status(Code::kDataLoss,
+                  "store " + backend_->Uri() + ", step " + std::to_string(step()) + ", object " +
+                      e.name + ": " + std::to_string((*reader)->Size()) +
+                      " bytes on storage, the manifest records " + std::to_string(e.size) +
+                      " (torn or altered object); " + kCorrupt);
   return open_.emplace(e.name, std::move(*reader)).first->second.get();
 }
 
@@ -58,9 +64,8 @@ Status CheckpointReader::ChunkMismatch(const ObjectEntry& e, uint64_t chunk,
                                      std::to_string(lo) + ", " + std::to_string(hi) + ") (chunk " +
                                      std::to_string(chunk) + " of " +
                                      std::to_string(e.chunks.size()) + "): expected xxh3-128 " +
-                                     e.chunks[chunk].Hex() + ", computed " + got.Hex() +
-                                     "; the checkpoint is corrupt: load an older step, and run "
-                                     "`ckptio fsck --repair` to retire it");
+                                     e.chunks[chunk].Hex() + ", computed " + got.Hex() + "; " +
+                                     kCorrupt);
 }
 
 namespace {
@@ -119,11 +124,8 @@ Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf,
     // Whole chunks land directly in the caller's buffer; partial ones go
     // through scratch so that only verified bytes are copied out.
     const bool direct = want_lo == lo && want_hi == lo + len;
-    char* dst = out + (lo - offset);
-    if (!direct) {
-      scratch_.resize(len);
-      dst = scratch_.data();
-    }
+    if (!direct) scratch_.resize(len);
+    char* dst = direct ? out + (lo - offset) : scratch_.data();
     s = reader->ReadAt(lo, dst, len);
     if (!s.ok()) {
       s = s.WithContext("store " + backend_->Uri() + ", step " + std::to_string(step()) +
@@ -228,7 +230,8 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
     view = std::move(*mapped);
     if (view->size() != e->size)
       return Status(Code::kDataLoss, where + ": mapped " + std::to_string(view->size()) +
-                                         " bytes, the manifest records " + std::to_string(e->size));
+                                         " bytes, the manifest records " + std::to_string(e->size) +
+                                         "; " + kCorrupt);
     if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
   }
   // Chunks are handed out to the threads one by one; a failed read, else the
@@ -279,7 +282,8 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
     const char* data = (*mapped)->data();
     if ((*mapped)->size() != e->size)
       return Status(Code::kDataLoss, where + ": mapped " + std::to_string((*mapped)->size()) +
-                                         " bytes, the manifest records " + std::to_string(e->size));
+                                         " bytes, the manifest records " + std::to_string(e->size) +
+                                         "; " + kCorrupt);
     const uint64_t n = e->chunks.size();
     std::atomic<uint64_t> next{0};
     std::atomic<uint64_t> first_bad{n};
@@ -332,7 +336,7 @@ Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& p
     open_.erase(e->name);
     return Status(Code::kDataLoss, "whole-object checksum mismatch in " + where +
                                        ": expected xxh3-128 " + e->hash.Hex() + ", computed " +
-                                       whole.Digest().Hex());
+                                       whole.Digest().Hex() + "; " + kCorrupt);
   }
   // A tensor file's own header must agree with the manifest's entries.
   Status header = OkStatus();

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <thread>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -52,16 +53,27 @@ void ParallelCopy(const std::vector<CopyJob>& jobs) {
 }
 
 void RunOnThreads(unsigned threads, const std::function<void()>& work) {
+  std::mutex mu;
+  std::exception_ptr first;  // of any run, rethrown here once all returned
+  auto run = [&] {
+    try {
+      work();
+    } catch (...) {
+      std::lock_guard<std::mutex> g(mu);
+      if (!first) first = std::current_exception();
+    }
+  };
   std::vector<std::thread> helpers;
   for (unsigned i = 1; i < threads; ++i) {
     try {
-      helpers.emplace_back(work);
+      helpers.emplace_back(run);
     } catch (const std::exception&) {  // std::system_error, std::bad_alloc
       break;                           // no more threads to be had: those running do the rest
     }
   }
-  work();
+  run();
   for (auto& t : helpers) t.join();
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace ckptio

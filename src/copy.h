@@ -34,7 +34,9 @@ CKPTIO_EXPORT_PRIVATE void ParallelCopy(const std::vector<CopyJob>& jobs);
 // Runs `work` here and on up to `threads` - 1 helper threads at once, and
 // returns when every run has returned. Fewer helpers where the system gives
 // no more threads (RLIMIT_NPROC, memory), so `work` must take its pieces
-// from a shared counter until none are left, whoever runs it.
+// from a shared counter until none are left, whoever runs it. An exception
+// that leaves a run, on any thread, is rethrown here once every run
+// returned (the first one, if several).
 CKPTIO_EXPORT_PRIVATE void RunOnThreads(unsigned threads, const std::function<void()>& work);
 
 }  // namespace ckptio

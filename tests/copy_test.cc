@@ -1,12 +1,17 @@
 // StreamCopy and ParallelCopy (src/copy.h): every byte lands, whatever the
 // alignment and length, and nothing outside the destination is touched.
+// RunOnThreads: an exception on any thread reaches the caller.
 #include "copy.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ckptio {
@@ -52,6 +57,30 @@ TEST(ParallelCopyTest, ManyJobsOfOddSizesAllLand) {
   ParallelCopy(jobs);
   for (size_t i = 0; i < srcs.size(); ++i) EXPECT_EQ(dsts[i], srcs[i]) << "job " << i;
   ParallelCopy({});  // nothing to do
+}
+
+// A run that throws, on a helper thread or on the caller's while helpers
+// still run, is neither std::terminate nor lost: RunOnThreads rethrows it
+// once every run returned, and the other runs went on with the pieces.
+TEST(RunOnThreadsTest, AnExceptionOnAnyThreadReachesTheCallerAfterEveryRunReturned) {
+  const std::thread::id caller = std::this_thread::get_id();
+  for (bool helper_throws : {true, false}) {
+    SCOPED_TRACE(helper_throws ? "a helper throws" : "the caller throws");
+    constexpr int kPieces = 64;
+    std::atomic<int> next{0}, done{0}, thrown{0};
+    auto work = [&] {
+      for (int i; (i = next.fetch_add(1)) < kPieces;) {
+        const bool on_helper = std::this_thread::get_id() != caller;
+        if (on_helper == helper_throws && thrown.fetch_add(1) == 0)
+          throw std::runtime_error("piece " + std::to_string(i));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        done.fetch_add(1);
+      }
+    };
+    EXPECT_THROW(RunOnThreads(3, work), std::runtime_error);
+    EXPECT_GT(thrown.load(), 0);
+    EXPECT_EQ(done.load(), kPieces - 1) << "the runs that did not throw stopped early";
+  }
 }
 
 }  // namespace

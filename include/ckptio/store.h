@@ -80,7 +80,8 @@ class CKPTIO_EXPORT CheckpointReader {
   // short object, and then buf holds zeros, never unverified bytes.
   Status Read(std::string_view name, uint64_t offset, void* buf, size_t size);
 
-  // The whole object, verified chunk by chunk and as a whole.
+  // The whole object, every chunk verified (as strong as the whole-object
+  // hash: the sealed manifest fixes the chunks; VerifyObject checks both).
   Result<std::string> ReadAll(std::string_view name);
 
   // The whole object in memory with every chunk verified (on up to

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -146,25 +147,34 @@ class PyStripe {
 };
 
 // A committed step (its manifest checked); every byte returned verified.
+// Python threads may share one: the reads, made without the GIL, take turns
+// (a CheckpointReader is for one thread at a time: its scratch buffer).
 class PyStepReader {
  public:
   explicit PyStepReader(std::unique_ptr<CheckpointReader> reader) : reader_(std::move(reader)) {}
   int64_t step() const { return reader_->step(); }
   std::map<std::string, std::string> Metadata() const { return reader_->manifest().metadata; }
   py::bytes ReadAll(const std::string& name) {
-    auto got = Value(Released([&] { return reader_->ReadAll(name); }));
+    auto got = Value(Released([&] {
+      std::lock_guard<std::mutex> turn(*mu_);
+      return reader_->ReadAll(name);
+    }));
     return py::bytes(got);
   }
   // Bytes [offset, offset + size) of `name` in a new uint8 CPU tensor,
   // every chunk they touch verified.
   at::Tensor Read(const std::string& name, uint64_t offset, uint64_t size) {
     at::Tensor out = at::empty({static_cast<int64_t>(size)}, at::kByte);
-    Check(Released([&] { return reader_->Read(name, offset, out.data_ptr(), size); }));
+    Check(Released([&] {
+      std::lock_guard<std::mutex> turn(*mu_);
+      return reader_->Read(name, offset, out.data_ptr(), size);
+    }));
     return out;
   }
 
  private:
   std::unique_ptr<CheckpointReader> reader_;
+  std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();  // (movable)
 };
 
 class PyStore {

@@ -294,3 +294,38 @@ def test_errors_are_typed():
         ckptio.Checkpointer("/tmp/x", wait="sometimes")
     with pytest.raises(ckptio.InvalidArgumentError):
         ckptio.Checkpointer("nosuch://x")
+
+
+def test_threads_sharing_one_step_reader_each_get_their_own_verified_bytes(store):
+    # The low-level reader (ckptio.dcp reads through it) releases the GIL
+    # while it reads and verifies: threads sharing it must still each get
+    # exactly their bytes. Reads cut chunks, so they go through the reader's
+    # scratch buffer, the state that threads would share.
+    import random
+    import threading
+    from ckptio import _ckptio
+    ckpt = ckptio.Checkpointer(store)
+    ckpt.save(1, {"t": torch.arange(3 << 20, dtype=torch.int32)})  # 12 MiB: 3 chunks
+    reader = _ckptio.Store(store).open_step(1)
+    whole = reader.read_all("tensors.safetensors")
+    failures = []
+
+    def reads(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(60):
+                off = rng.randrange(len(whole) - 4096)
+                size = rng.randrange(1, min(len(whole) - off, 6 << 20))
+                got = bytes(reader.read("tensors.safetensors", off, size).numpy())
+                if got != whole[off:off + size]:
+                    failures.append(f"bytes [{off}, {off + size}) differ")
+                    return
+        except Exception as e:  # a mismatch the reader reported is a failure too
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=reads, args=(seed,)) for seed in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
