@@ -189,9 +189,10 @@ PendingCheckpoint::~PendingCheckpoint() {
     if (no_manifest) {
       for (const auto& name : st.names) (void)backend.Delete(st.objects + name);
       // A striped step may also hold parts of ranks whose receipts never
-      // arrived: none of it can be visible, so clear it all.
+      // arrived: none of it can be visible, so clear all of this writer's
+      // (only its own folder where locks are leases: see Begin).
       if (st.striped) {
-        auto keys = backend.List(st.dir);
+        auto keys = backend.List(st.objects);
         if (keys.ok())
           for (const auto& key : *keys) (void)backend.Delete(key);
       }
@@ -258,22 +259,39 @@ void PendingCheckpoint::AddTensor(TensorEntry tensor) {
 }
 
 namespace {
-// Each object of `m` that holds tensors, read back from `dir` (stripes
-// were written by other ranks): its safetensors header must agree with the
-// manifest's entries, as every load checks. InvalidArgument otherwise
-// (a reader would reject the step, yet retention would count it as good).
-Status CheckTensorObjects(StorageBackend& backend, const std::string& dir, const Manifest& m) {
-  std::set<std::string_view> objects;
-  for (const TensorEntry& t : m.tensors) objects.insert(t.object);
-  for (std::string_view name : objects) {
-    const std::string object(name), key = dir + object;
-    auto reader = backend.OpenObject(key);
-    if (!reader.ok() && reader.status().code() == Code::kNotFound)
+// Every object of `m`, looked up in `dir` just before the manifest names it:
+// there, of its recorded size (stripes were written by other ranks; where
+// locks are leases, a writer that lost its lease could have cleared it),
+// DataLoss otherwise. Each object that holds tensors is read back too: its
+// safetensors header must agree with the manifest's entries, as every load
+// checks (InvalidArgument otherwise: a reader would reject the step, yet
+// retention would count it as good).
+Status CheckObjects(StorageBackend& backend, const std::string& dir, const Manifest& m) {
+  std::set<std::string_view> with_tensors;
+  for (const TensorEntry& t : m.tensors) with_tensors.insert(t.object);
+  for (const ObjectEntry& e : m.objects) {
+    const std::string key = dir + e.name;
+    auto missing = [&](const Status& s) -> Status {
+      if (s.code() != Code::kNotFound) return s;
       return Status(Code::kDataLoss, "object " + key + " is not in " + backend.Uri() +
                                          " (its writer died, or the step was cleared after it "
                                          "was written)");
-    CKPTIO_RETURN_IF_ERROR(reader.status());
+    };
+    auto wrong_size = [&](uint64_t size) {
+      return Status(Code::kDataLoss, "object " + key + " in " + backend.Uri() + " holds " +
+                                         std::to_string(size) + " bytes, not the " +
+                                         std::to_string(e.size) + " written");
+    };
+    if (!with_tensors.count(e.name)) {
+      auto info = backend.Stat(key);
+      if (!info.ok()) return missing(info.status());
+      if (info->size != e.size) return wrong_size(info->size);
+      continue;
+    }
+    auto reader = backend.OpenObject(key);
+    if (!reader.ok()) return missing(reader.status());
     const uint64_t size = (*reader)->Size();
+    if (size != e.size) return wrong_size(size);
     std::string header(std::min<uint64_t>(size, 8), '\0');
     CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
     Status s = OkStatus();
@@ -282,12 +300,12 @@ Status CheckTensorObjects(StorageBackend& backend, const std::string& dir, const
     } else {
       header.resize(*n);
       CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
-      s = CheckSafetensorsObject(m, object, header);
+      s = CheckSafetensorsObject(m, e.name, header);
     }
     if (!s.ok())
       return Status(Code::kInvalidArgument,
                     "the checkpoint is inconsistent: its tensor entries disagree with object " +
-                        object + ": " + s.message());
+                        e.name + ": " + s.message());
   }
   return OkStatus();
 }
@@ -325,7 +343,11 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
                ? serialized.status().WithContext(what)
                : Status(Code::kInvalidArgument, what + ": the checkpoint is inconsistent: " +
                                                     serialized.status().message());
-  CKPTIO_RETURN_IF_ERROR(CheckTensorObjects(backend, st.objects, m).WithContext(what));
+  if (Status s = CheckObjects(backend, st.objects, m); !s.ok()) {
+    // A writer that was fenced meanwhile is told that, which explains it.
+    Status fence = core.CheckFence();
+    return (fence.ok() ? s : fence).WithContext(what);
+  }
   const std::string& bytes = *serialized;
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
   st.manifest_tried = true;

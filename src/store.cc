@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ckptio/coordination.h"
+#include "ckptio/log.h"
 #include "object_io.h"
 #include "store_internal.h"
 
@@ -42,15 +43,21 @@ Result<std::unique_ptr<PendingCheckpoint>> StoreWriter::Begin(int64_t step) {
                         "; committed checkpoints are immutable: save under a new step");
   }
   // Leftovers of a torn attempt at this step (we hold the lock: no one
-  // else is writing them).
-  for (const auto& key : keys)
+  // else is writing them). Where locks are leases only our own folder's:
+  // had we stalled past the lease since the fence check, a successor
+  // could be saving this step in its folder (readers ignore the others,
+  // and they go with the step).
+  const std::string objects = core.objects_folder.empty() ? dir : dir + core.objects_folder + "/";
+  for (const auto& key : keys) {
+    if (key.compare(0, objects.size(), objects) != 0) continue;
     CKPTIO_RETURN_IF_ERROR(core.backend->Delete(key).WithContext(
         "clearing a torn attempt at step " + std::to_string(step) + " before saving it again"));
+  }
   auto st = std::make_unique<PendingCheckpoint::State>();
   st->core = state_->core;
   st->step = step;
   st->dir = dir;
-  st->objects = core.objects_folder.empty() ? dir : dir + core.objects_folder + "/";
+  st->objects = objects;
   if (!core.objects_folder.empty()) st->manifest.metadata[kObjectsFolderKey] = core.objects_folder;
   core.pending = true;
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(st)));
@@ -246,15 +253,35 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
           .WithContext("claiming the writer generation of " + uri()));
   if (backend_->LocksAreLeases()) core->objects_folder = ObjectsFolderOf(core->me);
 
-  // Unfinished writes and temp objects now belong to dead writers.
-  CKPTIO_ASSIGN_OR_RETURN(core->stale_temps_removed, backend_->AbortUnfinishedWrites());
+  // Unfinished writes and temp objects now belong to dead writers. Best
+  // effort: one that cannot be removed costs space, not correctness (temps
+  // are never read; fsck lists them), so it is logged and left.
+  auto aborted = backend_->AbortUnfinishedWrites();
+  if (aborted.ok())
+    core->stale_temps_removed = *aborted;
+  else
+    Log(LogLevel::kWarning, "store " + uri() +
+                                ": unfinished writes of earlier writers were not "
+                                "all aborted (" +
+                                aborted.status().ToString() + "); `ckptio fsck --repair` retries");
   CKPTIO_ASSIGN_OR_RETURN(auto keys, backend_->List(""));
+  size_t left = 0;
+  Status first_error;
   for (const auto& key : keys) {
     if (!IsSweepableTempKey(key)) continue;
     Status s = backend_->Delete(key);
-    if (!s.ok() && s.code() != Code::kNotFound) return s.WithContext("removing stale temp");
-    ++core->stale_temps_removed;
+    if (s.ok() || s.code() == Code::kNotFound) {
+      ++core->stale_temps_removed;
+    } else if (left++ == 0) {
+      first_error = s;
+    }
   }
+  if (left > 0)
+    Log(LogLevel::kWarning, "store " + uri() + ": " + std::to_string(left) +
+                                " stale temp object(s) of earlier writers could not be removed "
+                                "(first: " +
+                                first_error.ToString() +
+                                "); they are never read, and `ckptio fsck` lists them");
   auto state = std::make_unique<StoreWriter::State>();
   state->core = std::move(core);
   return std::unique_ptr<StoreWriter>(new StoreWriter(std::move(state)));

@@ -51,10 +51,6 @@ void RememberSummary(const StorageBackend& backend, int64_t step, const Hash128&
 Result<std::optional<Latest>> LoadLatest(StorageBackend& backend);
 Result<WriterRecord> LoadWriterRecord(StorageBackend& backend);
 
-// Deletes a step so that a crash part-way leaves it torn, never committed
-// with objects missing: the manifest goes first.
-Status DeleteStep(StorageBackend& backend, int64_t step);
-
 // Keys grouped by step directory; other keys are ignored.
 Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& backend);
 
@@ -63,6 +59,10 @@ Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& b
 // hash, so two writers' folders differ even where they claimed the same
 // generation. Stripe writers derive the same from .writer.
 std::string ObjectsFolderOf(const WriterRecord& w);
+// Whether `key` ("step-N/<folder>/<name>") lies in the objects folder of a
+// writer of a generation above `generation`: one that took the store over
+// after this writer's lease was broken.
+bool InNewerWritersFolder(std::string_view key, int64_t generation);
 
 // What a writer and its pending checkpoints share; lives as long as any.
 struct WriterCore {
@@ -103,6 +103,15 @@ struct WriterCore {
     return OkStatus();
   }
 
+  // Deletes `step`, so that a crash part-way leaves it torn, never
+  // committed with objects missing: the manifest goes first. `torn`: the
+  // step was found without a manifest; if one is there now, another writer
+  // committed the step since (its lease-broken predecessor was us), and
+  // nothing is deleted: returns false. Where locks are leases, objects in a
+  // newer writer's folder are never deleted (a writer that lost its lease
+  // must not clear its successor's save).
+  Result<bool> DeleteStep(int64_t step, bool torn);
+
   // `just_committed`: the step this writer has just committed, which counts
   // as the good step (its bytes were hashed as they were written), so
   // retention after a save reads nothing back.
@@ -121,7 +130,7 @@ struct PendingCheckpoint::State {
   Status failure;         // the first failure of any object; fails the commit
   bool finished = false;  // committed, or failed to commit
   bool committed = false;
-  bool striped = false;         // abandoning clears the whole step directory
+  bool striped = false;         // abandoning clears all of `objects`
   bool manifest_tried = false;  // Commit wrote the manifest (it may be there)
 
   void Fail(const Status& why) {

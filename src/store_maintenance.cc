@@ -1,6 +1,7 @@
 // Keeping a store in order: retention and garbage collection (step 6 of
 // store.h's protocol), fsck (what is committed, torn, corrupt or stale) and
 // repair.
+#include <algorithm>
 #include <set>
 
 #include "object_io.h"
@@ -35,6 +36,32 @@ std::string_view FsckKindName(FsckProblem::Kind k) {
   }
   return "unknown";
 }
+
+Result<bool> WriterCore::DeleteStep(int64_t step, bool torn) {
+  const std::string dir = StepDirName(step) + "/";
+  if (!torn) {
+    Status s = backend->Delete(ManifestKey(step));
+    if (!s.ok() && s.code() != Code::kNotFound) return s;
+  }
+  CKPTIO_ASSIGN_OR_RETURN(auto keys, backend->List(dir));
+  if (torn && std::find(keys.begin(), keys.end(), ManifestKey(step)) != keys.end()) return false;
+  for (const auto& key : keys) {
+    if (backend->LocksAreLeases() && InNewerWritersFolder(key, generation)) continue;
+    Status s = backend->Delete(key);
+    if (!s.ok() && s.code() != Code::kNotFound) return s;
+  }
+  return true;
+}
+
+namespace {
+// " (done before this: a; b)", or "" if nothing was done.
+std::string DoneBefore(const std::vector<std::string>& done) {
+  if (done.empty()) return "";
+  std::string out = " (done before this: ";
+  for (size_t i = 0; i < done.size(); ++i) out += (i ? "; " : "") + done[i];
+  return out + ")";
+}
+}  // namespace
 
 Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t> just_committed,
                                             const ProgressFn& progress) {
@@ -77,13 +104,16 @@ Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t
     }
   }
   if (report.newest_good) keep.insert(*report.newest_good);
+  std::vector<std::string> done;  // for an error part-way
   for (int64_t step : committed) {
     if (keep.count(step)) continue;
     // Verifying can take long, and a lease lock can lapse meanwhile.
-    CKPTIO_RETURN_IF_ERROR(CheckFence());
-    CKPTIO_RETURN_IF_ERROR(
-        DeleteStep(*backend, step).WithContext("retention: deleting step " + std::to_string(step)));
+    Status s = CheckFence();
+    if (s.ok()) s = DeleteStep(step, /*torn=*/false).status();
+    if (!s.ok())
+      return s.WithContext("retention: deleting step " + std::to_string(step) + DoneBefore(done));
     report.deleted.push_back(step);
+    done.push_back("deleted step " + std::to_string(step));
   }
   return report;
 }
@@ -209,53 +239,54 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
   Store store(core.backend);
   CKPTIO_ASSIGN_OR_RETURN(FsckReport before, CheckStore(store, progress, true, true));
   std::vector<std::string> repairs;
+  // What was repaired goes with an error part-way.
+  auto stopped = [&](const Status& s, const std::string& doing) {
+    return s.WithContext("repair: " + doing + DoneBefore(repairs));
+  };
   // Order matters for crash safety: LATEST moves to a good step before any
   // step it may name is deleted.
   for (const auto& p : before.problems) {
     if (p.kind != FsckProblem::Kind::kBadLatest) continue;
+    Status s = core.CheckFence();  // (checking took a while)
     if (before.good_steps.empty()) {
-      CKPTIO_RETURN_IF_ERROR(core.CheckFence());  // (checking took a while)
-      Status s = backend.Delete(kLatestKey);
+      if (s.ok()) s = backend.Delete(kLatestKey);
       if (!s.ok() && s.code() != Code::kNotFound)
-        return s.WithContext("repair: removing LATEST (no step verifies)");
+        return stopped(s, "removing LATEST (no step verifies)");
       repairs.push_back("removed LATEST: no step verifies");
     } else {
       int64_t newest = before.good_steps.back();
-      CKPTIO_ASSIGN_OR_RETURN(auto reader, store.OpenStep(newest));
-      CKPTIO_RETURN_IF_ERROR(core.CheckFence());
-      CKPTIO_RETURN_IF_ERROR(WriteSmall(
-          backend, kLatestKey, SerializeLatest({newest, core.generation, reader->manifest_hash()}),
-          WriteMode::kReplace));
+      auto reader = store.OpenStep(newest);
+      if (s.ok()) s = reader.status();
+      if (s.ok())
+        s = WriteSmall(backend, kLatestKey,
+                       SerializeLatest({newest, core.generation, (*reader)->manifest_hash()}),
+                       WriteMode::kReplace);
+      if (!s.ok()) return stopped(s, "pointing LATEST at step " + std::to_string(newest));
       repairs.push_back("LATEST now names step " + std::to_string(newest));
     }
     break;
   }
   for (const auto& p : before.problems) {
+    if (p.kind == FsckProblem::Kind::kBadLatest) continue;
     // Checking took a while (every byte was read): still ours to change?
-    if (p.kind != FsckProblem::Kind::kBadLatest) CKPTIO_RETURN_IF_ERROR(core.CheckFence());
-    switch (p.kind) {
-      case FsckProblem::Kind::kCorruptStep:
-        CKPTIO_RETURN_IF_ERROR(
-            DeleteStep(backend, p.step)
-                .WithContext("repair: deleting corrupt step " + std::to_string(p.step)));
-        repairs.push_back("deleted corrupt step " + std::to_string(p.step));
-        break;
-      case FsckProblem::Kind::kTornStep:
-        CKPTIO_RETURN_IF_ERROR(
-            DeleteStep(backend, p.step)
-                .WithContext("repair: deleting torn step " + std::to_string(p.step)));
-        repairs.push_back("deleted torn step " + std::to_string(p.step));
-        break;
-      case FsckProblem::Kind::kStaleTemp: {
-        Status s = backend.Delete(p.detail);
-        if (!s.ok() && s.code() != Code::kNotFound)
-          return s.WithContext("repair: deleting stale temp " + p.detail);
-        repairs.push_back("deleted stale temp " + p.detail);
-        break;
-      }
-      case FsckProblem::Kind::kBadLatest:
-        break;
+    const bool torn = p.kind == FsckProblem::Kind::kTornStep;
+    const std::string what =
+        p.kind == FsckProblem::Kind::kStaleTemp
+            ? "stale temp " + p.detail
+            : std::string(torn ? "torn" : "corrupt") + " step " + std::to_string(p.step);
+    Status s = core.CheckFence();
+    bool deleted = true;
+    if (s.ok() && p.kind == FsckProblem::Kind::kStaleTemp) {
+      s = backend.Delete(p.detail);
+      if (s.code() == Code::kNotFound) s = OkStatus();
+    } else if (s.ok()) {
+      auto r = core.DeleteStep(p.step, torn);
+      s = r.status();
+      deleted = r.ok() && *r;
     }
+    if (!s.ok()) return stopped(s, "deleting " + what);
+    repairs.push_back(deleted ? "deleted " + what
+                              : "left " + what + ": another writer committed it since");
   }
   // Every remaining step verified above; re-read the structure only.
   CKPTIO_ASSIGN_OR_RETURN(FsckReport after, CheckStore(store, {}, false, true));

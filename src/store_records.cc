@@ -119,17 +119,24 @@ std::string ObjectsFolderOf(const WriterRecord& w) {
          HashBytes(SerializeWriterRecord(w)).Hex().substr(0, 16);
 }
 
-// Deletes a step so that a crash part-way leaves it torn, never committed
-// with objects missing: the manifest goes first.
-Status DeleteStep(StorageBackend& backend, int64_t step) {
-  Status s = backend.Delete(ManifestKey(step));
-  if (!s.ok() && s.code() != Code::kNotFound) return s;
-  CKPTIO_ASSIGN_OR_RETURN(auto keys, backend.List(StepDirName(step) + "/"));
-  for (const auto& key : keys) {
-    s = backend.Delete(key);
-    if (!s.ok() && s.code() != Code::kNotFound) return s;
+bool InNewerWritersFolder(std::string_view key, int64_t generation) {
+  // Three components, the middle one "w<digits>-...".
+  const size_t first = key.find('/');
+  if (first == std::string_view::npos) return false;
+  const size_t second = key.find('/', first + 1);
+  if (second == std::string_view::npos || key.find('/', second + 1) != std::string_view::npos)
+    return false;
+  std::string_view folder = key.substr(first + 1, second - first - 1);
+  const size_t dash = folder.find('-');
+  if (folder.size() < 3 || folder[0] != 'w' || dash == std::string_view::npos || dash < 2 ||
+      dash > 19)
+    return false;
+  int64_t g = 0;
+  for (char c : folder.substr(1, dash - 1)) {
+    if (c < '0' || c > '9') return false;
+    g = g * 10 + (c - '0');
   }
-  return OkStatus();
+  return g > generation;
 }
 
 // Keys grouped by step directory; other keys are ignored.

@@ -4,8 +4,12 @@
 
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "ckptio/ckptio.h"
+#include "ckptio/log.h"
+#include "ckptio/posix_backend.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -266,6 +270,97 @@ TEST_F(RetentionFsckTest, RepairNeverDeletesAStepThatVerifies) {
     ASSERT_FALSE(after.good_steps.empty());
     EXPECT_EQ(after.latest, after.good_steps.back());
   }
+}
+
+// Fails every Delete of a key that holds `refuse` (PermissionDenied), as a
+// file the process may not remove would.
+class RefusingDelete : public testing::ForwardingBackend {
+ public:
+  RefusingDelete(std::shared_ptr<StorageBackend> inner, std::string refuse)
+      : ForwardingBackend(std::move(inner)), refuse_(std::move(refuse)) {}
+  Status Delete(std::string_view key) override {
+    if (key.find(refuse_) != std::string_view::npos)
+      return Status(Code::kPermissionDenied, "delete " + std::string(key) + ": refused");
+    return ForwardingBackend::Delete(key);
+  }
+
+ private:
+  std::string refuse_;
+};
+
+Store StoreRefusingDeletesOf(const std::string& path, const std::string& refuse) {
+  auto posix = NewPosixBackend(path);
+  EXPECT_TRUE(posix.ok()) << posix.status();
+  return Store(
+      std::make_shared<RefusingDelete>(std::shared_ptr<StorageBackend>(std::move(*posix)), refuse));
+}
+
+// gc, retention after a commit, and repair that fail part-way say what they
+// had already done (a caller shown only the error would not know that steps
+// were gone).
+TEST_F(RetentionFsckTest, AnErrorPartWayReportsWhatWasAlreadyDeleted) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    for (int64_t step : {1, 2, 3, 4}) ASSERT_TRUE(Save(*w, step).ok());
+  }
+  Store refusing = StoreRefusingDeletesOf(dir_.Sub("store"), StepDirName(3) + "/MANIFEST");
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, refusing.OpenWriter({}));
+    auto gc = w->CollectGarbage(1);
+    ASSERT_FALSE(gc.ok()) << "gc could not delete step 3, yet succeeded";
+    EXPECT_EQ(gc.status().code(), Code::kPermissionDenied) << gc.status();
+    EXPECT_NE(gc.status().message().find("deleting step 3 (done before this: deleted step 1; "
+                                         "deleted step 2)"),
+              std::string::npos)
+        << gc.status();
+  }
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{3, 4}));
+  {
+    WriterOptions o;
+    o.keep_last = 1;
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, refusing.OpenWriter(o));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto info, Save(*w, 5));
+    EXPECT_EQ(info.retention.code(), Code::kPermissionDenied) << info.retention;
+    EXPECT_NE(info.retention.message().find("retention: deleting step 3"), std::string::npos)
+        << info.retention;
+  }
+  // Repair: steps 3 and 4 corrupt (LATEST names 5, good); 4 cannot go.
+  testing::FlipBit(StepPath(3, "a.bin"), 10, 1);
+  testing::FlipBit(StepPath(4, "a.bin"), 10, 1);
+  Store refusing_4 = StoreRefusingDeletesOf(dir_.Sub("store"), StepDirName(4) + "/MANIFEST");
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, refusing_4.OpenWriter({}));
+  auto repaired = w->Repair();
+  ASSERT_FALSE(repaired.ok()) << "repair could not delete step 4, yet succeeded";
+  EXPECT_NE(repaired.status().message().find(
+                "repair: deleting corrupt step 4 (done before this: deleted corrupt step 3)"),
+            std::string::npos)
+      << repaired.status();
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{4, 5}));
+}
+
+// A temp object of a dead writer that cannot be removed costs space, not
+// correctness: the next writer opens anyway, says so, and removes the rest.
+TEST_F(RetentionFsckTest, AStaleTempThatCannotBeRemovedDoesNotStopTheNextWriter) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    ASSERT_TRUE(Save(*w, 1).ok());
+  }
+  testing::WriteFile(StepPath(1, ".ckptio-tmp.a.bin.host.1.2.stuck"), "junk");
+  testing::WriteFile(StepPath(1, ".ckptio-tmp.b.bin.host.1.3.dead"), "junk");
+  std::vector<std::string> warnings;
+  LogSink previous = SetLogSink([&](LogLevel level, std::string_view m) {
+    if (level == LogLevel::kWarning) warnings.emplace_back(m);
+  });
+  Store refusing = StoreRefusingDeletesOf(dir_.Sub("store"), ".stuck");
+  auto w = refusing.OpenWriter({});
+  SetLogSink(previous);
+  ASSERT_TRUE(w.ok()) << "one undeletable stale temp stopped the writer: " << w.status();
+  EXPECT_EQ((*w)->stale_temps_removed(), 1u);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("1 stale temp object(s)"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("stuck"), std::string::npos) << warnings[0];
+  EXPECT_EQ(::access(StepPath(1, ".ckptio-tmp.b.bin.host.1.3.dead").c_str(), F_OK), -1);
+  CKPTIO_ASSERT_OK(Save(**w, 2).status());
 }
 
 }  // namespace

@@ -12,12 +12,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckptio/ckptio.h"
@@ -534,6 +537,137 @@ TEST_F(WriterLockTest, WhereLocksAreLeasesAStaleWriterCannotTouchACommittedStep)
   Manifest m = reader->manifest();
   m.metadata[kObjectsFolderKey] = "..";
   EXPECT_EQ(ParseManifest(SerializeManifest(m), "test").status().code(), Code::kDataLoss);
+}
+
+// A LeasingBackend on which the writer that believes it holds the store
+// stalls (past its lease) at the moment it lists `prefix`, after its last
+// fence check: `stall` runs there once, as the successor that took over.
+class StallingBackend : public LeasingBackend {
+ public:
+  using LeasingBackend::LeasingBackend;
+  std::string prefix;
+  std::function<void()> stall;
+  Result<std::vector<std::string>> List(std::string_view p) override {
+    if (stall && p == prefix) std::exchange(stall, nullptr)();
+    return LeasingBackend::List(p);
+  }
+};
+
+class LeaseTakeoverTest : public WriterLockTest {
+ protected:
+  void SetUp() override {
+    WriterLockTest::SetUp();
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto posix, NewPosixBackend(path_));
+    backend_ = std::make_shared<StallingBackend>(std::shared_ptr<StorageBackend>(std::move(posix)));
+    store_ = std::make_unique<Store>(backend_);
+  }
+
+  // The successor: takes the store over and writes step `step`'s objects
+  // (committing them if `commit`); its pending checkpoint is kept in
+  // `successor_step_`.
+  void TakeOverAndSave(int64_t step, bool commit) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(successor_, store_->OpenWriter(WriterOptions{}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(successor_step_, successor_->Begin(step));
+    CKPTIO_ASSERT_OK(successor_step_->PutObject("model.bin", model_.data(), model_.size()));
+    CKPTIO_ASSERT_OK(successor_step_->PutObject("optim.bin", optim_.data(), optim_.size()));
+    if (commit) CKPTIO_ASSERT_OK(successor_step_->Commit().status());
+  }
+
+  // Step `step` holds the successor's bytes, every one verified.
+  void ExpectSuccessorsStep(int64_t step) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto reader, store_->OpenStep(step));
+    CKPTIO_ASSERT_OK(reader->Verify());
+    EXPECT_EQ(reader->manifest().generation, successor_->generation());
+    CKPTIO_ASSERT_OK_AND_ASSIGN(std::string model, reader->ReadAll("model.bin"));
+    EXPECT_EQ(model, model_);
+    CKPTIO_ASSERT_OK_AND_ASSIGN(std::string optim, reader->ReadAll("optim.bin"));
+    EXPECT_EQ(optim, optim_);
+  }
+
+  std::shared_ptr<StallingBackend> backend_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StoreWriter> successor_;
+  std::unique_ptr<PendingCheckpoint> successor_step_;
+  const std::string model_ = RandomBytes(9000, 11), optim_ = RandomBytes(7000, 12);
+};
+
+// A stale writer beginning a step clears its own torn attempt at it, never
+// what its successor is writing there (it listed the step after its fence
+// check, and stalled in between): the successor's save commits whole.
+TEST_F(LeaseTakeoverTest, AStaleWritersBeginLeavesItsSuccessorsObjects) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale, store_->OpenWriter(WriterOptions{}));
+  backend_->prefix = StepDirName(5) + "/";
+  backend_->stall = [&] { TakeOverAndSave(5, /*commit=*/false); };
+  {
+    auto began = stale->Begin(5);
+    ASSERT_TRUE(successor_step_) << "the stale writer's Begin never listed the step";
+  }  // its step abandoned: fenced by now, it deletes nothing
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto info, successor_step_->Commit());
+  EXPECT_EQ(info.step, 5);
+  ExpectSuccessorsStep(5);
+}
+
+// gc or fsck --repair by a stale writer: a torn step it found is being
+// saved (or was committed) by the successor by the time it deletes it.
+// Neither the successor's objects nor its manifest are deleted.
+TEST_F(LeaseTakeoverTest, AStaleRepairLeavesAStepItsSuccessorSavesOrCommitted) {
+  for (bool commit : {false, true}) {
+    SCOPED_TRACE(commit ? "committed by the successor" : "being saved by the successor");
+    const int64_t step = commit ? 8 : 7;
+    // A torn step, left by a writer that died.
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto dead, store_->OpenWriter(WriterOptions{}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(
+        auto junk, backend_->NewObject(StepDirName(step) + "/dead.bin", WriteMode::kReplace));
+    CKPTIO_ASSERT_OK(junk->Append("junk", 4));
+    CKPTIO_ASSERT_OK(junk->Commit());
+    dead.reset();
+
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale, store_->OpenWriter(WriterOptions{}));
+    backend_->prefix = StepDirName(step) + "/";
+    backend_->stall = [&] { TakeOverAndSave(step, commit); };
+    auto repaired = stale->Repair();
+    ASSERT_TRUE(successor_step_) << "the repair never listed step " << step;
+    ASSERT_TRUE(repaired.ok()) << repaired.status();
+    if (commit) {
+      const std::string left =
+          "left torn step " + std::to_string(step) + ": another writer committed it since";
+      EXPECT_NE(std::find(repaired->repairs.begin(), repaired->repairs.end(), left),
+                repaired->repairs.end())
+          << "no \"" << left << "\" among the repairs";
+    }
+    if (!commit) CKPTIO_ASSERT_OK(successor_step_->Commit().status());
+    ExpectSuccessorsStep(step);
+    successor_step_.reset();
+    successor_.reset();
+  }
+}
+
+// Whatever cleared an object after it was written (here by hand), Commit
+// looks every object up before the manifest names it: a missing one or one
+// of another size fails the commit (DataLoss), and nothing is committed.
+TEST_F(WriterLockTest, ACommitRefusesAnObjectGoneOrResizedSinceItWasWritten) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto store, OpenStore(path_));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store->OpenWriter(WriterOptions{}));
+  for (bool remove : {true, false}) {
+    const int64_t step = remove ? 1 : 2;
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(step));
+    const std::string data = RandomBytes(5000, 5);
+    CKPTIO_ASSERT_OK(p->PutObject("a.bin", data.data(), data.size()));
+    CKPTIO_ASSERT_OK(p->PutObject("optim.bin", data.data(), data.size()));
+    const std::string file = path_ + "/" + StepDirName(step) + "/optim.bin";
+    if (remove)
+      ASSERT_EQ(::unlink(file.c_str()), 0);
+    else
+      ASSERT_EQ(::truncate(file.c_str(), 100), 0);
+    auto committed = p->Commit();
+    ASSERT_FALSE(committed.ok()) << "committed a step whose object " << file << " was "
+                                 << (remove ? "deleted" : "cut short");
+    EXPECT_EQ(committed.status().code(), Code::kDataLoss) << committed.status();
+    EXPECT_NE(committed.status().message().find("optim.bin"), std::string::npos)
+        << committed.status();
+    p.reset();
+    EXPECT_EQ(store->OpenStep(step).status().code(), Code::kNotFound);
+  }
 }
 
 }  // namespace

@@ -10,14 +10,18 @@
 // The protocol, in order (each numbered step is durable before the next):
 //   1. OpenWriter takes the exclusive lock on .lock, claims generation
 //      G = 1 + the highest generation on record and writes .writer, then
-//      deletes stale temp objects (no live writer can own them).
+//      deletes stale temp objects (no live writer can own them; one that
+//      cannot be deleted is logged and left).
 //   2. Begin(step) refuses a step that is already committed (committed is
-//      immutable) and clears leftovers of a torn attempt at that step.
+//      immutable) and clears leftovers of a torn attempt at that step (only
+//      its own objects folder's where locks are leases: FORMAT.md).
 //   3. Each object streams to the backend while XXH3-128 is computed over
 //      the whole object and over every chunk_size piece; Close() commits it
 //      (temp file, fsync, close, rename, directory fsync).
-//   4. Commit() checks that .writer still names G (else this writer was
-//      fenced: Aborted), then creates step-N/MANIFEST.json exclusively.
+//   4. Commit() looks up every object it will name (there, of the size
+//      written: else DataLoss), checks that .writer still names G (else
+//      this writer was fenced: Aborted), then creates step-N/MANIFEST.json
+//      exclusively.
 //      The step is now committed: listed and loadable.
 //   5. If N is the highest committed step, LATEST is atomically replaced to
 //      name N and the hash of its manifest (fence checked again first).
@@ -318,13 +322,15 @@ class CKPTIO_EXPORT StoreWriter {
   // an older good step survives. Corrupt steps are reported (those outside
   // what is kept are deleted like any old step; Repair removes the rest). A
   // read error other than DataLoss stops gc before it deletes anything, and
-  // the fence is checked again before each deletion.
+  // the fence is checked again before each deletion. An error part-way says
+  // which steps were already deleted.
   Result<GcReport> CollectGarbage(int keep_last, const ProgressFn& progress = {});
 
   // Store::Check, then fixes what it found: points LATEST at the newest
   // verified step (or removes it when none), deletes corrupt steps
   // (manifest first), torn steps and temp objects. Never deletes a step
-  // that verifies. Returns the check after repair, with `repairs` filled.
+  // that verifies. Returns the check after repair, with `repairs` filled;
+  // an error part-way says what was already repaired.
   Result<FsckReport> Repair(const ProgressFn& progress = {});
 
  private:

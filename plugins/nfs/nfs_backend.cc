@@ -54,6 +54,11 @@ class NfsBackend : public StorageBackend {
   Status Delete(std::string_view key) override {
     return Retrying([&] { return objects_.Delete(key); });
   }
+  // Both kinds are leases: a v3 lease file is broken once its holder stops
+  // renewing it, and a v4 server drops the locks of a client whose lease
+  // ran out (a paused process, a cut network), which may then reconnect and
+  // write on. So each writer's objects go in a folder of its own.
+  bool LocksAreLeases() const override { return true; }
   Result<bool> IsLocked(std::string_view key) override {
     return Retrying([&] { return locks_->IsLocked(key); });
   }

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -336,22 +337,28 @@ void Connection::MountRoot() {
   ctx = *fresh;
   export_path = path;
   root.clear();
-  last_made.clear();  // (a path from the old mount)
+  recently_made.clear();  // (paths from the old mount)
 }
 
 Status Connection::MakeDir(const std::string& path, bool in_store) {
   struct nfs_stat_64 st;
-  // The folder this connection made last (a step's, as its next object
-  // goes in): looked at first, which is all a MKDIR refused as EEXIST
-  // leads to; made again if it has gone.
-  if (in_store && path == last_made) {
+  // A folder this connection made lately (a step's, or the writer's
+  // objects folder in it, as its next object goes in): looked at first,
+  // which is all a MKDIR refused as EEXIST leads to; made again if it has
+  // gone.
+  const bool recent = in_store && std::find(recently_made.begin(), recently_made.end(), path) !=
+                                      recently_made.end();
+  if (recent) {
     const int look = nfs_lstat64(ctx, path.c_str(), &st);
     if (look == 0) return InStoreFolder(path, st);
     if (look != -ENOENT) return Error(look, "stat " + path);
   }
   int rc = nfs_mkdir(ctx, path.c_str());
   if (rc == 0) {
-    if (in_store) last_made = path;
+    if (in_store && !recent) {
+      recently_made.insert(recently_made.begin(), path);
+      if (recently_made.size() > 2) recently_made.pop_back();
+    }
     return OkStatus();
   }
   Status error = Error(rc, "mkdir " + path);
@@ -366,6 +373,14 @@ Status Connection::MakeDir(const std::string& path, bool in_store) {
   }
   if (nfs_lstat64(ctx, path.c_str(), &st) != 0) return error;
   return InStoreFolder(path, st);
+}
+
+void Connection::RemoveEmptyFolders(std::string_view key) {
+  std::string k(key);
+  for (size_t s = k.rfind('/'); s != std::string::npos; s = k.rfind('/')) {
+    k.resize(s);
+    if (nfs_rmdir(ctx, Path(k).c_str()) < 0) break;
+  }
 }
 
 Status Connection::InStoreFolder(const std::string& path, const struct nfs_stat_64& st) const {

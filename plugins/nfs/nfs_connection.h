@@ -205,6 +205,10 @@ class Connection {
   // that was not there can have been opened.
   void MountRoot();
   Status MakeDir(const std::string& path, bool in_store);
+  // Removes the folders above `key` that are empty, deepest first, up to
+  // the first that is not (callers hold mu): a deleted or discarded
+  // object's step leaves no empty folders behind.
+  void RemoveEmptyFolders(std::string_view key);
   // OK if `st` (of store folder `path`) is a folder; a link is refused.
   Status InStoreFolder(const std::string& path, const struct nfs_stat_64& st) const;
 
@@ -246,7 +250,9 @@ class Connection {
   // v3, and the store's folder did not exist when it was mounted: mount it
   // once it does (see MountRoot).
   bool mount_root = false;
-  std::string last_made;  // the store folder MakeDir made last (see there)
+  // The store folders MakeDir made last, newest first (see there): a step's
+  // and the writer's objects folder inside it.
+  std::vector<std::string> recently_made;
   size_t max_write = kWriteBuffer;
   size_t writes_in_flight = 1;  // WRITEs of max_write bytes sent at once
   size_t max_read = kMaxRead;

@@ -233,7 +233,8 @@ class NfsWriter : public ObjectWriter {
     const bool broken = c_->Broken(ctx_);
     if (fh_ && !broken) (void)nfs_close(ctx_, fh_);
     fh_ = nullptr;
-    if (!tmp_.empty() && !broken) (void)nfs_unlink(ctx_, tmp_.c_str());
+    if (!tmp_.empty() && !broken && nfs_unlink(ctx_, tmp_.c_str()) == 0 && ctx_ == c_->ctx)
+      c_->RemoveEmptyFolders(key_);
     tmp_.clear();
   }
 
@@ -456,12 +457,7 @@ Status Objects::Delete(std::string_view key) {
     if (rc != -ENOENT && nfs_lstat64(c_->ctx, path.c_str(), &st) == -ENOENT) return OkStatus();
     return c_->Error(rc, "delete " + path);
   }
-  // Folders emptied by this delete go too (a non-empty one stops it).
-  std::string k(key);
-  for (size_t s = k.rfind('/'); s != std::string::npos; s = k.rfind('/')) {
-    k.resize(s);
-    if (nfs_rmdir(c_->ctx, c_->Path(k).c_str()) < 0) break;
-  }
+  c_->RemoveEmptyFolders(key);
   return OkStatus();
 }
 

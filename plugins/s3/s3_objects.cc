@@ -719,8 +719,7 @@ Status Objects::Delete(std::string_view key) {
 Result<size_t> Objects::AbortUploads() {
   const S3Options& o = client_->options();
   const std::string root = o.prefix.empty() ? "" : o.prefix + "/";
-  const auto deadline = client_->Deadline();
-  size_t aborted = 0;
+  std::vector<std::pair<std::string, std::string>> found;  // key, upload id
   Request r;
   r.method = "GET";
   r.query = {{"uploads", ""}, {"prefix", root}};
@@ -743,14 +742,7 @@ Result<size_t> Objects::AbortUploads() {
         continue;
       const std::string rel = keys[0].substr(root.size());
       if (!ValidateKey(rel).ok() || !IsStoreKey(rel)) continue;
-      Request abort;
-      abort.method = "DELETE";
-      abort.key = keys[0];
-      abort.query = {{"uploadId", ids[0]}};
-      CKPTIO_ASSIGN_OR_RETURN(Response done, client_->Send(abort, deadline));
-      if (done.status != 204 && done.status != 200 && done.status != 404)
-        return Unexpected(*client_, abort, done);
-      ++aborted;
+      found.emplace_back(keys[0], ids[0]);
     }
     return true;
   };
@@ -769,8 +761,31 @@ Result<size_t> Objects::AbortUploads() {
       next.query["upload-id-marker"] = next_id;
     return true;
   };
-  CKPTIO_RETURN_IF_ERROR(
-      ForEachPage(*client_, r, deadline, "listing of unfinished uploads", page, advance));
+  CKPTIO_RETURN_IF_ERROR(ForEachPage(*client_, r, client_->Deadline(),
+                                     "listing of unfinished uploads", page, advance));
+  // Each abort within timeout_ms of its own (however many there are); the
+  // first that fails is the answer, after trying the rest.
+  size_t aborted = 0;
+  Status first_error;
+  for (const auto& [key, id] : found) {
+    Request abort;
+    abort.method = "DELETE";
+    abort.key = key;
+    abort.query = {{"uploadId", id}};
+    auto done = client_->Send(abort, client_->Deadline());
+    Status s = !done.ok() ? done.status()
+               : done->status == 204 || done->status == 200 || done->status == 404
+                   ? OkStatus()
+                   : Unexpected(*client_, abort, *done);
+    if (s.ok())
+      ++aborted;
+    else if (first_error.ok())
+      first_error = s;
+  }
+  if (!first_error.ok())
+    return first_error.WithContext(std::to_string(found.size() - aborted) + " of " +
+                                   std::to_string(found.size()) +
+                                   " unfinished uploads could not be aborted");
   return aborted;
 }
 

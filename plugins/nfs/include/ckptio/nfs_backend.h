@@ -50,6 +50,8 @@
 // breakable by others once expired, and only when what was moved aside is
 // positively the expired record); no shared locks. IsLocked: a lease held
 // here, or one not expired by lease/3 (this host's clock) on two reads up to 1 s apart.
+// Both kinds are leases (LocksAreLeases): a paused holder may write on after
+// its lock was broken, so the core gives each writer an objects folder.
 //
 // Errors: a broken connection (libnfs: EFAULT, or EIO from its event loop)
 // and a timeout are Unavailable; only an NFS STALE error (a name replaced
