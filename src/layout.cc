@@ -70,8 +70,27 @@ bool IsSweepableTempKey(std::string_view key) {
   const size_t slash = key.find('/');
   if (slash == std::string_view::npos) return true;
   const std::string_view dir = key.substr(0, slash);
-  return key.find('/', slash + 1) == std::string_view::npos &&
-         (dir.rfind("step-", 0) == 0 || dir == kCoordDir);
+  if (last == slash) return dir.rfind("step-", 0) == 0 || dir == kCoordDir;
+  // step-N/<objects folder>/<temp>
+  const std::string_view folder = key.substr(slash + 1, last - slash - 1);
+  return dir.rfind("step-", 0) == 0 && ObjectsFolderGeneration(folder) >= 0;
+}
+
+int64_t ObjectsFolderGeneration(std::string_view name) {
+  const size_t dash = name.find('-');
+  if (name.empty() || name[0] != 'w' || dash == std::string_view::npos || dash < 2 || dash > 19 ||
+      name.size() != dash + 17)
+    return -1;
+  int64_t g = 0;
+  for (char c : name.substr(1, dash - 1)) {
+    if (c < '0' || c > '9') return -1;
+    g = g * 10 + (c - '0');
+  }
+  for (char c : name.substr(dash + 1))
+    if (!std::isxdigit(static_cast<unsigned char>(c)) ||
+        std::isupper(static_cast<unsigned char>(c)))
+      return -1;
+  return g;
 }
 
 std::string KeySafeHostName() {

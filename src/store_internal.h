@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckptio/layout.h"
 #include "ckptio/store.h"
 
 namespace ckptio {
@@ -59,10 +60,6 @@ Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& b
 // hash, so two writers' folders differ even where they claimed the same
 // generation. Stripe writers derive the same from .writer.
 std::string ObjectsFolderOf(const WriterRecord& w);
-// Whether `key` ("step-N/<folder>/<name>") lies in the objects folder of a
-// writer of a generation above `generation`: one that took the store over
-// after this writer's lease was broken.
-bool InNewerWritersFolder(std::string_view key, int64_t generation);
 
 // What a writer and its pending checkpoints share; lives as long as any.
 struct WriterCore {
@@ -103,14 +100,24 @@ struct WriterCore {
     return OkStatus();
   }
 
+  // Where locks are leases: whether objects folder `folder` (layout.h) may
+  // be a successor's, a writer that took the store over after our lease
+  // was broken: another writer's, of our generation or above (two writers
+  // may claim one generation, see CheckFence).
+  bool IsSuccessorsFolder(std::string_view folder) const {
+    const int64_t g = ObjectsFolderGeneration(folder);
+    return g >= generation && folder != objects_folder;
+  }
+
   // Deletes `step`, so that a crash part-way leaves it torn, never
   // committed with objects missing: the manifest goes first. `torn`: the
-  // step was found without a manifest; if one is there now, another writer
-  // committed the step since (its lease-broken predecessor was us), and
-  // nothing is deleted: returns false. Where locks are leases, objects in a
-  // newer writer's folder are never deleted (a writer that lost its lease
-  // must not clear its successor's save).
-  Result<bool> DeleteStep(int64_t step, bool torn);
+  // step was found without a manifest. Where locks are leases, nothing a
+  // successor saves is deleted (this writer may have stalled past its
+  // lease since its last fence check): not the objects in its folder, nor
+  // a manifest it committed (one there now, for a step found torn; or, for
+  // a step found committed, one naming a successor's folder).
+  enum class Deleted { kAll, kAllButASuccessorsObjects, kNothingCommittedSince };
+  Result<Deleted> DeleteStep(int64_t step, bool torn);
 
   // `just_committed`: the step this writer has just committed, which counts
   // as the good step (its bytes were hashed as they were written), so

@@ -37,20 +37,43 @@ std::string_view FsckKindName(FsckProblem::Kind k) {
   return "unknown";
 }
 
-Result<bool> WriterCore::DeleteStep(int64_t step, bool torn) {
+Result<WriterCore::Deleted> WriterCore::DeleteStep(int64_t step, bool torn) {
   const std::string dir = StepDirName(step) + "/";
+  const bool leases = backend->LocksAreLeases();
   if (!torn) {
+    if (leases) {
+      // Deleted and saved again by a successor since we found it?
+      auto loaded = LoadManifest(*backend, step);
+      if (loaded.ok()) {
+        const auto& meta = loaded->manifest.metadata;
+        auto folder = meta.find(kObjectsFolderKey);
+        if (folder != meta.end() ? IsSuccessorsFolder(folder->second)
+                                 : loaded->manifest.generation > generation)
+          return Deleted::kNothingCommittedSince;
+      } else if (loaded.status().code() != Code::kDataLoss &&
+                 loaded.status().code() != Code::kNotFound) {
+        return loaded.status();
+      }
+    }
     Status s = backend->Delete(ManifestKey(step));
     if (!s.ok() && s.code() != Code::kNotFound) return s;
   }
   CKPTIO_ASSIGN_OR_RETURN(auto keys, backend->List(dir));
-  if (torn && std::find(keys.begin(), keys.end(), ManifestKey(step)) != keys.end()) return false;
+  if (torn && std::find(keys.begin(), keys.end(), ManifestKey(step)) != keys.end())
+    return Deleted::kNothingCommittedSince;
+  Deleted out = Deleted::kAll;
   for (const auto& key : keys) {
-    if (backend->LocksAreLeases() && InNewerWritersFolder(key, generation)) continue;
+    // "step-N/<folder>/<name>"
+    const size_t first = key.find('/'), last = key.rfind('/');
+    if (leases && first != last &&
+        IsSuccessorsFolder(std::string_view(key).substr(first + 1, last - first - 1))) {
+      out = Deleted::kAllButASuccessorsObjects;
+      continue;
+    }
     Status s = backend->Delete(key);
     if (!s.ok() && s.code() != Code::kNotFound) return s;
   }
-  return true;
+  return out;
 }
 
 namespace {
@@ -109,9 +132,11 @@ Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t
     if (keep.count(step)) continue;
     // Verifying can take long, and a lease lock can lapse meanwhile.
     Status s = CheckFence();
-    if (s.ok()) s = DeleteStep(step, /*torn=*/false).status();
-    if (!s.ok())
-      return s.WithContext("retention: deleting step " + std::to_string(step) + DoneBefore(done));
+    auto deleted = s.ok() ? DeleteStep(step, /*torn=*/false) : Result<Deleted>(s);
+    if (!deleted.ok())
+      return deleted.status().WithContext("retention: deleting step " + std::to_string(step) +
+                                          DoneBefore(done));
+    if (*deleted == Deleted::kNothingCommittedSince) continue;  // a successor's step now
     report.deleted.push_back(step);
     done.push_back("deleted step " + std::to_string(step));
   }
@@ -247,16 +272,16 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
   // step it may name is deleted.
   for (const auto& p : before.problems) {
     if (p.kind != FsckProblem::Kind::kBadLatest) continue;
-    Status s = core.CheckFence();  // (checking took a while)
+    CKPTIO_RETURN_IF_ERROR(core.CheckFence());  // (checking took a while)
     if (before.good_steps.empty()) {
-      if (s.ok()) s = backend.Delete(kLatestKey);
+      Status s = backend.Delete(kLatestKey);
       if (!s.ok() && s.code() != Code::kNotFound)
         return stopped(s, "removing LATEST (no step verifies)");
       repairs.push_back("removed LATEST: no step verifies");
     } else {
-      int64_t newest = before.good_steps.back();
+      const int64_t newest = before.good_steps.back();
       auto reader = store.OpenStep(newest);
-      if (s.ok()) s = reader.status();
+      Status s = reader.status();
       if (s.ok())
         s = WriteSmall(backend, kLatestKey,
                        SerializeLatest({newest, core.generation, (*reader)->manifest_hash()}),
@@ -268,25 +293,34 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
   }
   for (const auto& p : before.problems) {
     if (p.kind == FsckProblem::Kind::kBadLatest) continue;
-    // Checking took a while (every byte was read): still ours to change?
     const bool torn = p.kind == FsckProblem::Kind::kTornStep;
     const std::string what =
         p.kind == FsckProblem::Kind::kStaleTemp
             ? "stale temp " + p.detail
             : std::string(torn ? "torn" : "corrupt") + " step " + std::to_string(p.step);
+    // Checking took a while (every byte was read): still ours to change?
     Status s = core.CheckFence();
-    bool deleted = true;
-    if (s.ok() && p.kind == FsckProblem::Kind::kStaleTemp) {
-      s = backend.Delete(p.detail);
-      if (s.code() == Code::kNotFound) s = OkStatus();
-    } else if (s.ok()) {
-      auto r = core.DeleteStep(p.step, torn);
-      s = r.status();
-      deleted = r.ok() && *r;
-    }
     if (!s.ok()) return stopped(s, "deleting " + what);
-    repairs.push_back(deleted ? "deleted " + what
-                              : "left " + what + ": another writer committed it since");
+    if (p.kind == FsckProblem::Kind::kStaleTemp) {
+      s = backend.Delete(p.detail);
+      if (!s.ok() && s.code() != Code::kNotFound) return stopped(s, "deleting " + what);
+      repairs.push_back("deleted " + what);
+      continue;
+    }
+    auto deleted = core.DeleteStep(p.step, torn);
+    if (!deleted.ok()) return stopped(deleted.status(), "deleting " + what);
+    switch (*deleted) {
+      case WriterCore::Deleted::kAll:
+        repairs.push_back("deleted " + what);
+        break;
+      case WriterCore::Deleted::kAllButASuccessorsObjects:
+        repairs.push_back("deleted " + what +
+                          " but for the objects of a writer that took the store over since");
+        break;
+      case WriterCore::Deleted::kNothingCommittedSince:
+        repairs.push_back("left " + what + ": another writer committed it since");
+        break;
+    }
   }
   // Every remaining step verified above; re-read the structure only.
   CKPTIO_ASSIGN_OR_RETURN(FsckReport after, CheckStore(store, {}, false, true));

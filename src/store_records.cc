@@ -119,26 +119,6 @@ std::string ObjectsFolderOf(const WriterRecord& w) {
          HashBytes(SerializeWriterRecord(w)).Hex().substr(0, 16);
 }
 
-bool InNewerWritersFolder(std::string_view key, int64_t generation) {
-  // Three components, the middle one "w<digits>-...".
-  const size_t first = key.find('/');
-  if (first == std::string_view::npos) return false;
-  const size_t second = key.find('/', first + 1);
-  if (second == std::string_view::npos || key.find('/', second + 1) != std::string_view::npos)
-    return false;
-  std::string_view folder = key.substr(first + 1, second - first - 1);
-  const size_t dash = folder.find('-');
-  if (folder.size() < 3 || folder[0] != 'w' || dash == std::string_view::npos || dash < 2 ||
-      dash > 19)
-    return false;
-  int64_t g = 0;
-  for (char c : folder.substr(1, dash - 1)) {
-    if (c < '0' || c > '9') return false;
-    g = g * 10 + (c - '0');
-  }
-  return g > generation;
-}
-
 // Keys grouped by step directory; other keys are ignored.
 Result<std::map<int64_t, std::vector<std::string>>> KeysByStep(StorageBackend& backend) {
   CKPTIO_ASSIGN_OR_RETURN(auto keys, backend.List(""));

@@ -63,6 +63,20 @@ TEST(Layout, OnlyTempObjectsWhereTheCoreWritesAreSwept) {
   EXPECT_FALSE(IsSweepableTempKey("step-000000000001/model.safetensors"));
   EXPECT_FALSE(IsSweepableTempKey("user/" + tmp));                      // not ours
   EXPECT_FALSE(IsSweepableTempKey("step-000000000001/deeper/" + tmp));  // too deep
+  // A writer's objects folder (where locks are leases), and nothing else.
+  EXPECT_TRUE(IsSweepableTempKey("step-000000000001/w12-0123456789abcdef/" + tmp));
+  EXPECT_FALSE(IsSweepableTempKey("step-000000000001/w12-0123456789abcdeg/" + tmp));
+  EXPECT_FALSE(IsSweepableTempKey(".coord/w12-0123456789abcdef/" + tmp));
+  EXPECT_FALSE(IsSweepableTempKey("step-000000000001/w12-0123456789abcdef/x/" + tmp));
+}
+
+TEST(Layout, ObjectsFolderNamesGiveTheirGeneration) {
+  EXPECT_EQ(ObjectsFolderGeneration("w12-0123456789abcdef"), 12);
+  EXPECT_EQ(ObjectsFolderGeneration("w999999999999999999-0123456789abcdef"), 999999999999999999);
+  for (const char* bad : {"", "w", "w-0123456789abcdef", "x12-0123456789abcdef",
+                          "w1a-0123456789abcdef", "w12-0123456789abcde", "w12-0123456789abcdef0",
+                          "w12-0123456789ABCDEF", "w1234567890123456789-0123456789abcdef"})
+    EXPECT_EQ(ObjectsFolderGeneration(bad), -1) << bad;
 }
 
 TEST(Layout, StoreKeysTellAStoreFromItsParent) {

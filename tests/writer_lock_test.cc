@@ -540,16 +540,25 @@ TEST_F(WriterLockTest, WhereLocksAreLeasesAStaleWriterCannotTouchACommittedStep)
 }
 
 // A LeasingBackend on which the writer that believes it holds the store
-// stalls (past its lease) at the moment it lists `prefix`, after its last
-// fence check: `stall` runs there once, as the successor that took over.
+// stalls (past its lease) after its last fence check: `stall` runs once, as
+// the successor that took over, when it lists `prefix`, or (`prefix`
+// empty) once `fence_checks` more fence checks have opened .writer (the
+// check still reads the record it opened: it passes).
 class StallingBackend : public LeasingBackend {
  public:
   using LeasingBackend::LeasingBackend;
   std::string prefix;
+  int fence_checks = 0;
   std::function<void()> stall;
   Result<std::vector<std::string>> List(std::string_view p) override {
-    if (stall && p == prefix) std::exchange(stall, nullptr)();
+    if (stall && !prefix.empty() && p == prefix) std::exchange(stall, nullptr)();
     return LeasingBackend::List(p);
+  }
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    auto opened = LeasingBackend::OpenObject(key);
+    if (stall && prefix.empty() && key == kWriterKey && --fence_checks == 0)
+      std::exchange(stall, nullptr)();
+    return opened;
   }
 };
 
@@ -640,6 +649,70 @@ TEST_F(LeaseTakeoverTest, AStaleRepairLeavesAStepItsSuccessorSavesOrCommitted) {
     successor_step_.reset();
     successor_.reset();
   }
+}
+
+// Two writers may claim one generation where locks are leases (see
+// ASameGenerationClaimedByAnotherWriterFences): a repair leaves the objects
+// folder of any writer but itself of its generation or above, and clears
+// those of older writers.
+TEST_F(LeaseTakeoverTest, ARepairLeavesEveryFolderButItsOwnOfItsGenerationOrAbove) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter(WriterOptions{}));
+  const int64_t g = w->generation();
+  const std::string dir = StepDirName(4) + "/";
+  auto put = [&](const std::string& key) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto obj, backend_->NewObject(key, WriteMode::kReplace));
+    CKPTIO_ASSERT_OK(obj->Append("x", 1));
+    CKPTIO_ASSERT_OK(obj->Commit());
+  };
+  const std::string older = dir + "w" + std::to_string(g - 1) + "-0123456789abcdef/a.bin";
+  const std::string same = dir + "w" + std::to_string(g) + "-0123456789abcdef/a.bin";
+  const std::string newer = dir + "w" + std::to_string(g + 1) + "-0123456789abcdef/a.bin";
+  for (const auto& key : {older, same, newer, dir + "loose.bin"}) put(key);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+  EXPECT_EQ(repaired.repairs,
+            std::vector<std::string>{"deleted torn step 4 but for the objects of a writer that "
+                                     "took the store over since"});
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto left, backend_->List(dir));
+  EXPECT_EQ(left, (std::vector<std::string>{same, newer}));
+}
+
+// A killed writer's temp in its objects folder is swept by the next writer
+// (and listed by fsck before that), as one in a step's folder is.
+TEST_F(LeaseTakeoverTest, ADeadWritersTempInItsObjectsFolderIsSwept) {
+  const std::string temp =
+      StepDirName(3) + "/w7-0123456789abcdef/" + TempObjectName("model.safetensors");
+  for (const std::string& dir :
+       {path_, path_ + "/" + StepDirName(3), path_ + "/" + StepDirName(3) + "/w7-0123456789abcdef"})
+    ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << dir;
+  testing::WriteFile(path_ + "/" + temp, "half an object");
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto report, store_->Check());
+  std::vector<std::string> temps;  // (and the torn step 3)
+  for (const auto& p : report.problems)
+    if (p.kind == FsckProblem::Kind::kStaleTemp) temps.push_back(p.detail);
+  EXPECT_EQ(temps, std::vector<std::string>{temp});
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter(WriterOptions{}));
+  EXPECT_EQ(w->stale_temps_removed(), 1u);
+  EXPECT_EQ(::access((path_ + "/" + temp).c_str(), F_OK), -1) << temp << " is still there";
+}
+
+// A stale writer's gc or retention deletes the steps it found too old; by
+// the time it deletes one, its successor may have deleted that step and
+// saved it again (a load that fell back below it, then a save): the
+// successor's step is left whole.
+TEST_F(LeaseTakeoverTest, AStaleGcLeavesAStepItsSuccessorSavedAgain) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale, store_->OpenWriter(WriterOptions{}));
+  for (int64_t step : {1, 2, 3}) ASSERT_NO_FATAL_FAILURE(CommitStep(*stale, step));
+  backend_->fence_checks = 2;  // gc's first, then the one before it deletes step 1
+  backend_->stall = [&] {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(successor_, store_->OpenWriter(WriterOptions{}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, successor_->CollectGarbage(2));  // deletes step 1
+    ASSERT_EQ(gc.deleted, std::vector<int64_t>{1});
+    TakeOverAndSave(1, /*commit=*/true);
+  };
+  auto gc = stale->CollectGarbage(1);
+  ASSERT_TRUE(successor_step_) << "the stale gc never checked its fence twice";
+  EXPECT_EQ(gc.status().code(), Code::kAborted) << "fenced before step 2: " << gc.status();
+  ExpectSuccessorsStep(1);
 }
 
 // Whatever cleared an object after it was written (here by hand), Commit

@@ -12,6 +12,8 @@
 //   <store>/step-000000001200/MANIFEST.json   its commit record, written last
 //   <store>/step-000000001200/<object>    its objects; "<stem>.part-<rank>.safetensors"
 //                                         for a rank's part of a striped save
+//   <store>/step-000000001200/w<gen>-<hex>/<object>   ... in the writer's objects
+//                                         folder where locks are leases
 //   .../.ckptio-tmp.<base>.<host>.<pid>.<n>.<random>   an object being written
 //
 // The last form is the backend contract for in-flight data (backend.h): a
@@ -77,9 +79,16 @@ inline constexpr std::string_view kTempMarker = ".ckptio-tmp.";
 CKPTIO_EXPORT std::string TempObjectName(std::string_view base);
 // Whether a key's last component is a temp name.
 CKPTIO_EXPORT bool IsTempObjectName(std::string_view base);
-// A temp object where ckptio writes: the top level, a step folder or
-// .coord/. Anything deeper or elsewhere is not the core's to sweep.
+// A temp object where ckptio writes: the top level, a step folder, a
+// writer's objects folder in a step, or .coord/. Anything deeper or
+// elsewhere is not the core's to sweep.
 CKPTIO_EXPORT bool IsSweepableTempKey(std::string_view key);
+
+// Where a backend's locks are leases (StorageBackend::LocksAreLeases), each
+// writer puts a step's objects in a folder of its own inside the step,
+// "w<generation>-<16 hex digits>" (manifest.h, kObjectsFolderKey). The
+// generation of such a folder name; -1 if `name` is not one.
+CKPTIO_EXPORT int64_t ObjectsFolderGeneration(std::string_view name);
 
 // For names unique to a process (lock owners, upload ids): the host name
 // cut to 32 characters of [A-Za-z0-9_-], and 16 random hex digits.

@@ -355,12 +355,18 @@ Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, W
                   "object key \"" + std::string(key) + "\" uses the reserved temp prefix");
   std::lock_guard<FairMutex> g(c_->mu);
   CKPTIO_RETURN_IF_ERROR(c_->EnsureConnected());
-  CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));  // (may mount the store's folder)
-  const std::string dir =
-      slash == std::string_view::npos ? c_->Path("") : c_->Path(key.substr(0, slash));
-  const std::string tmp = dir + "/" + TempObjectName(base);
+  std::string tmp;
   struct nfsfh* fh = nullptr;
-  int rc = nfs_open2(c_->ctx, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
+  int rc = -ENOENT;
+  // Twice if the folder went in between: a delete of the last object in it
+  // (another rank's, or a discarded temp's) removes an emptied folder.
+  for (int attempt = 0; attempt < 2 && rc == -ENOENT; ++attempt) {
+    CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));  // (may mount the store's folder)
+    const std::string dir =
+        slash == std::string_view::npos ? c_->Path("") : c_->Path(key.substr(0, slash));
+    tmp = dir + "/" + TempObjectName(base);
+    rc = nfs_open2(c_->ctx, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644, &fh);
+  }
   if (rc < 0) return c_->Error(rc, "create " + tmp);
   return std::unique_ptr<ObjectWriter>(
       std::make_unique<NfsWriter>(c_, fh, tmp, std::string(key), mode));
