@@ -103,10 +103,11 @@ void LowerTo(std::atomic<uint64_t>& lowest, uint64_t c) {
 Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf, size_t size) {
   CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
   if (offset > e->size || size > e->size - offset)
-    return Status(Code::kInvalidArgument, "read of bytes [" + std::to_string(offset) + ", " +
-                                              std::to_string(offset + size) +
-                                              ") is outside object " + e->name + " of " +
-                                              std::to_string(e->size) + " bytes");
+    return Status(Code::kInvalidArgument,
+                  "store " + backend_->Uri() + ", step " + std::to_string(step()) +
+                      ": read of bytes [" + std::to_string(offset) + ", " + std::to_string(offset) +
+                      " + " + std::to_string(size) + ") is outside object " + e->name + " of " +
+                      std::to_string(e->size) + " bytes");
   if (size == 0) return OkStatus();
   auto reader_or = Open(*e);
   if (!reader_or.ok()) {

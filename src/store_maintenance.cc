@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "ckptio/log.h"
 #include "object_io.h"
 #include "store_internal.h"
 
@@ -42,7 +43,9 @@ Result<WriterCore::Deleted> WriterCore::DeleteStep(int64_t step, bool torn) {
   const bool leases = backend->LocksAreLeases();
   if (!torn) {
     if (leases) {
-      // Deleted and saved again by a successor since we found it?
+      // Deleted and saved again by a successor since we found it? (This
+      // narrows the race to the time between this read and the delete
+      // below: there is no conditional delete to close it.)
       auto loaded = LoadManifest(*backend, step);
       if (loaded.ok()) {
         const auto& meta = loaded->manifest.metadata;
@@ -52,7 +55,9 @@ Result<WriterCore::Deleted> WriterCore::DeleteStep(int64_t step, bool torn) {
           return Deleted::kNothingCommittedSince;
       } else if (loaded.status().code() != Code::kDataLoss &&
                  loaded.status().code() != Code::kNotFound) {
-        return loaded.status();
+        return loaded.status().WithContext(
+            "reading its manifest, to tell whether another writer "
+            "saved it again");
       }
     }
     Status s = backend->Delete(ManifestKey(step));
@@ -136,7 +141,13 @@ Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t
     if (!deleted.ok())
       return deleted.status().WithContext("retention: deleting step " + std::to_string(step) +
                                           DoneBefore(done));
-    if (*deleted == Deleted::kNothingCommittedSince) continue;  // a successor's step now
+    if (*deleted == Deleted::kNothingCommittedSince) {
+      Log(LogLevel::kWarning, "store " + backend->Uri() + ": retention left step " +
+                                  std::to_string(step) + ": another writer (generation " +
+                                  std::to_string(generation) +
+                                  " or above) committed it again since it was listed");
+      continue;
+    }
     report.deleted.push_back(step);
     done.push_back("deleted step " + std::to_string(step));
   }
@@ -314,11 +325,12 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
         repairs.push_back("deleted " + what);
         break;
       case WriterCore::Deleted::kAllButASuccessorsObjects:
-        repairs.push_back("deleted " + what +
-                          " but for the objects of a writer that took the store over since");
+        repairs.push_back("deleted " + what + " but for another writer's objects of generation " +
+                          std::to_string(core.generation) + " or above");
         break;
       case WriterCore::Deleted::kNothingCommittedSince:
-        repairs.push_back("left " + what + ": another writer committed it since");
+        repairs.push_back("left " + what + ": committed again by another writer of generation " +
+                          std::to_string(core.generation) + " or above");
         break;
     }
   }

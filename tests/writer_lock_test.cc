@@ -638,8 +638,9 @@ TEST_F(LeaseTakeoverTest, AStaleRepairLeavesAStepItsSuccessorSavesOrCommitted) {
     ASSERT_TRUE(successor_step_) << "the repair never listed step " << step;
     ASSERT_TRUE(repaired.ok()) << repaired.status();
     if (commit) {
-      const std::string left =
-          "left torn step " + std::to_string(step) + ": another writer committed it since";
+      const std::string left = "left torn step " + std::to_string(step) +
+                               ": committed again by another writer of generation " +
+                               std::to_string(stale->generation()) + " or above";
       EXPECT_NE(std::find(repaired->repairs.begin(), repaired->repairs.end(), left),
                 repaired->repairs.end())
           << "no \"" << left << "\" among the repairs";
@@ -670,8 +671,9 @@ TEST_F(LeaseTakeoverTest, ARepairLeavesEveryFolderButItsOwnOfItsGenerationOrAbov
   for (const auto& key : {older, same, newer, dir + "loose.bin"}) put(key);
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
   EXPECT_EQ(repaired.repairs,
-            std::vector<std::string>{"deleted torn step 4 but for the objects of a writer that "
-                                     "took the store over since"});
+            std::vector<std::string>{"deleted torn step 4 but for another writer's objects of "
+                                     "generation " +
+                                     std::to_string(g) + " or above"});
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto left, backend_->List(dir));
   EXPECT_EQ(left, (std::vector<std::string>{same, newer}));
 }
@@ -704,14 +706,21 @@ TEST_F(LeaseTakeoverTest, AStaleGcLeavesAStepItsSuccessorSavedAgain) {
   for (int64_t step : {1, 2, 3}) ASSERT_NO_FATAL_FAILURE(CommitStep(*stale, step));
   backend_->fence_checks = 2;  // gc's first, then the one before it deletes step 1
   backend_->stall = [&] {
-    CKPTIO_ASSERT_OK_AND_ASSIGN(successor_, store_->OpenWriter(WriterOptions{}));
-    CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, successor_->CollectGarbage(2));  // deletes step 1
+    // Nothing deleted yet; a successor deletes step 1, and the writer after
+    // it saves step 1 again.
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListStepsWithManifest());
+    ASSERT_EQ(steps, (std::vector<int64_t>{1, 2, 3})) << "the stall came after a deletion";
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto deleting, store_->OpenWriter(WriterOptions{}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, deleting->CollectGarbage(2));
     ASSERT_EQ(gc.deleted, std::vector<int64_t>{1});
     TakeOverAndSave(1, /*commit=*/true);
   };
   auto gc = stale->CollectGarbage(1);
   ASSERT_TRUE(successor_step_) << "the stale gc never checked its fence twice";
-  EXPECT_EQ(gc.status().code(), Code::kAborted) << "fenced before step 2: " << gc.status();
+  // Fenced at step 2's check: it went past step 1 (and left it).
+  EXPECT_EQ(gc.status().code(), Code::kAborted) << gc.status();
+  EXPECT_NE(gc.status().message().find("retention: deleting step 2"), std::string::npos)
+      << gc.status();
   ExpectSuccessorsStep(1);
 }
 

@@ -82,6 +82,8 @@ class CKPTIO_EXPORT CheckpointReader {
   // verifying every chunk that range touches. DataLoss (naming store, step,
   // object, byte range, expected and computed hash) on a mismatch or a
   // short object, and then buf holds zeros, never unverified bytes.
+  // NotFound for an unknown object and InvalidArgument for a range outside
+  // it are answered before buf is touched.
   Status Read(std::string_view name, uint64_t offset, void* buf, size_t size);
 
   // The whole object, every chunk verified (as strong as the whole-object
@@ -321,9 +323,11 @@ class CKPTIO_EXPORT StoreWriter {
   // progress callback counts the bytes read), so when the newest are corrupt
   // an older good step survives. Corrupt steps are reported (those outside
   // what is kept are deleted like any old step; Repair removes the rest). A
-  // read error other than DataLoss stops gc before it deletes anything, and
-  // the fence is checked again before each deletion. An error part-way says
-  // which steps were already deleted.
+  // read error other than DataLoss while verifying stops gc before it
+  // deletes anything, and the fence is checked again before each deletion.
+  // Where locks are leases, each step's manifest is read just before it is
+  // deleted, and a step another writer saved again meanwhile is left (and
+  // logged). An error part-way says which steps were already deleted.
   Result<GcReport> CollectGarbage(int keep_last, const ProgressFn& progress = {});
 
   // Store::Check, then fixes what it found: points LATEST at the newest

@@ -361,7 +361,9 @@ Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, W
   // Twice if the folder went in between: a delete of the last object in it
   // (another rank's, or a discarded temp's) removes an emptied folder.
   for (int attempt = 0; attempt < 2 && rc == -ENOENT; ++attempt) {
-    CKPTIO_RETURN_IF_ERROR(c_->MakeParents(key));  // (may mount the store's folder)
+    Status made = c_->MakeParents(key);  // (may mount the store's folder)
+    if (!made.ok() && made.code() == Code::kNotFound && attempt == 0) continue;  // (its parent)
+    CKPTIO_RETURN_IF_ERROR(made);
     const std::string dir =
         slash == std::string_view::npos ? c_->Path("") : c_->Path(key.substr(0, slash));
     tmp = dir + "/" + TempObjectName(base);

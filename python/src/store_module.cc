@@ -164,6 +164,11 @@ class PyStepReader {
   // Bytes [offset, offset + size) of `name` in a new uint8 CPU tensor,
   // every chunk they touch verified.
   at::Tensor Read(const std::string& name, uint64_t offset, uint64_t size) {
+    // An unknown object or a range outside it is refused before anything
+    // is allocated (Read answers those before it touches the buffer).
+    const ObjectEntry* e = reader_->manifest().Find(name);
+    if (!e || offset > e->size || size > e->size - offset)
+      Check(reader_->Read(name, offset, nullptr, size));
     at::Tensor out = at::empty({static_cast<int64_t>(size)}, at::kByte);
     Check(Released([&] {
       std::lock_guard<std::mutex> turn(*mu_);

@@ -329,3 +329,17 @@ def test_threads_sharing_one_step_reader_each_get_their_own_verified_bytes(store
     for t in threads:
         t.join()
     assert not failures, failures[:3]
+
+
+def test_a_read_outside_an_object_is_refused_before_anything_is_allocated(store):
+    # A size no machine could allocate (2**62 bytes): the range check answers,
+    # naming the store and step, not the allocator (nor torch's negative
+    # dimension for a size of 2**63 and above).
+    from ckptio import _ckptio
+    ckptio.Checkpointer(store).save(1, {"t": torch.arange(10)})
+    reader = _ckptio.Store(store).open_step(1)
+    for offset, size in [(0, 1 << 62), (0, 1 << 63), (1 << 63, 1), (1, (1 << 64) - 1)]:
+        with pytest.raises(ckptio.InvalidArgumentError, match="step 1: read of bytes"):
+            reader.read("tensors.safetensors", offset, size)
+    with pytest.raises(ckptio.NotFoundError):
+        reader.read("no-such-object", 0, 1 << 62)
