@@ -343,13 +343,11 @@ Result<CommitInfo> PendingCheckpoint::Commit() {
                ? serialized.status().WithContext(what)
                : Status(Code::kInvalidArgument, what + ": the checkpoint is inconsistent: " +
                                                     serialized.status().message());
-  if (Status s = CheckObjects(backend, st.objects, m); !s.ok()) {
-    // A writer that was fenced meanwhile is told that, which explains it.
-    Status fence = core.CheckFence();
-    return (fence.ok() ? s : fence).WithContext(what);
-  }
-  const std::string& bytes = *serialized;
+  const Status objects = CheckObjects(backend, st.objects, m);
+  // Being fenced explains an object that went, too.
   CKPTIO_RETURN_IF_ERROR(core.CheckFence().WithContext(what));
+  CKPTIO_RETURN_IF_ERROR(objects.WithContext(what));
+  const std::string& bytes = *serialized;
   st.manifest_tried = true;
   CKPTIO_RETURN_IF_ERROR(
       WriteSmall(backend, st.dir + std::string(kManifestName), bytes, WriteMode::kCreateExclusive)

@@ -108,14 +108,26 @@ struct WriterCore {
     const int64_t g = ObjectsFolderGeneration(folder);
     return g >= generation && folder != objects_folder;
   }
+  // Whether `key` ("step-N/<folder>/<name>") lies in such a folder, where
+  // locks are leases.
+  bool IsSuccessorsKey(std::string_view key) const {
+    const size_t first = key.find('/'), last = key.rfind('/');
+    return backend->LocksAreLeases() && first != last &&
+           IsSuccessorsFolder(key.substr(first + 1, last - first - 1));
+  }
+  // "another writer of generation G or above", for reports.
+  std::string SuccessorWords() const {
+    return "another writer of generation " + std::to_string(generation) + " or above";
+  }
 
   // Deletes `step`, so that a crash part-way leaves it torn, never
   // committed with objects missing: the manifest goes first. `torn`: the
-  // step was found without a manifest. Where locks are leases, nothing a
-  // successor saves is deleted (this writer may have stalled past its
-  // lease since its last fence check): not the objects in its folder, nor
-  // a manifest it committed (one there now, for a step found torn; or, for
-  // a step found committed, one naming a successor's folder).
+  // step was found without a manifest. A manifest listed after that (for a
+  // step found torn, or after deleting its manifest) is another writer's
+  // commit: the step is left. Where locks are leases, nothing else a
+  // successor saves is deleted either (this writer may have stalled past
+  // its lease since its last fence check): not the objects in its folder,
+  // nor, for a step found committed, a manifest naming its folder.
   enum class Deleted { kAll, kAllButASuccessorsObjects, kNothingCommittedSince };
   Result<Deleted> DeleteStep(int64_t step, bool torn);
 

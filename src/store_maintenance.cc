@@ -40,9 +40,8 @@ std::string_view FsckKindName(FsckProblem::Kind k) {
 
 Result<WriterCore::Deleted> WriterCore::DeleteStep(int64_t step, bool torn) {
   const std::string dir = StepDirName(step) + "/";
-  const bool leases = backend->LocksAreLeases();
   if (!torn) {
-    if (leases) {
+    if (backend->LocksAreLeases()) {
       // Deleted and saved again by a successor since we found it? (This
       // narrows the race to the time between this read and the delete
       // below: there is no conditional delete to close it.)
@@ -64,14 +63,11 @@ Result<WriterCore::Deleted> WriterCore::DeleteStep(int64_t step, bool torn) {
     if (!s.ok() && s.code() != Code::kNotFound) return s;
   }
   CKPTIO_ASSIGN_OR_RETURN(auto keys, backend->List(dir));
-  if (torn && std::find(keys.begin(), keys.end(), ManifestKey(step)) != keys.end())
+  if (std::find(keys.begin(), keys.end(), ManifestKey(step)) != keys.end())
     return Deleted::kNothingCommittedSince;
   Deleted out = Deleted::kAll;
   for (const auto& key : keys) {
-    // "step-N/<folder>/<name>"
-    const size_t first = key.find('/'), last = key.rfind('/');
-    if (leases && first != last &&
-        IsSuccessorsFolder(std::string_view(key).substr(first + 1, last - first - 1))) {
+    if (IsSuccessorsKey(key)) {
       out = Deleted::kAllButASuccessorsObjects;
       continue;
     }
@@ -143,9 +139,8 @@ Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t
                                           DoneBefore(done));
     if (*deleted == Deleted::kNothingCommittedSince) {
       Log(LogLevel::kWarning, "store " + backend->Uri() + ": retention left step " +
-                                  std::to_string(step) + ": another writer (generation " +
-                                  std::to_string(generation) +
-                                  " or above) committed it again since it was listed");
+                                  std::to_string(step) + ": " + SuccessorWords() +
+                                  " committed it again since it was listed");
       continue;
     }
     report.deleted.push_back(step);
@@ -313,6 +308,10 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
     Status s = core.CheckFence();
     if (!s.ok()) return stopped(s, "deleting " + what);
     if (p.kind == FsckProblem::Kind::kStaleTemp) {
+      if (core.IsSuccessorsKey(p.detail)) {  // an object it is writing now, perhaps
+        repairs.push_back("left " + what + ": " + core.SuccessorWords() + "'s");
+        continue;
+      }
       s = backend.Delete(p.detail);
       if (!s.ok() && s.code() != Code::kNotFound) return stopped(s, "deleting " + what);
       repairs.push_back("deleted " + what);
@@ -325,12 +324,11 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
         repairs.push_back("deleted " + what);
         break;
       case WriterCore::Deleted::kAllButASuccessorsObjects:
-        repairs.push_back("deleted " + what + " but for another writer's objects of generation " +
-                          std::to_string(core.generation) + " or above");
+        repairs.push_back("deleted " + what + " but for the objects of " + core.SuccessorWords());
         break;
       case WriterCore::Deleted::kNothingCommittedSince:
-        repairs.push_back("left " + what + ": committed again by another writer of generation " +
-                          std::to_string(core.generation) + " or above");
+        repairs.push_back("left " + what + ": committed " + (torn ? "since" : "again") + " by " +
+                          core.SuccessorWords());
         break;
     }
   }

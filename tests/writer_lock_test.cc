@@ -639,7 +639,7 @@ TEST_F(LeaseTakeoverTest, AStaleRepairLeavesAStepItsSuccessorSavesOrCommitted) {
     ASSERT_TRUE(repaired.ok()) << repaired.status();
     if (commit) {
       const std::string left = "left torn step " + std::to_string(step) +
-                               ": committed again by another writer of generation " +
+                               ": committed since by another writer of generation " +
                                std::to_string(stale->generation()) + " or above";
       EXPECT_NE(std::find(repaired->repairs.begin(), repaired->repairs.end(), left),
                 repaired->repairs.end())
@@ -668,11 +668,15 @@ TEST_F(LeaseTakeoverTest, ARepairLeavesEveryFolderButItsOwnOfItsGenerationOrAbov
   const std::string older = dir + "w" + std::to_string(g - 1) + "-0123456789abcdef/a.bin";
   const std::string same = dir + "w" + std::to_string(g) + "-0123456789abcdef/a.bin";
   const std::string newer = dir + "w" + std::to_string(g + 1) + "-0123456789abcdef/a.bin";
-  for (const auto& key : {older, same, newer, dir + "loose.bin"}) put(key);
+  // Its own folder (as named in a step it commits) is not a successor's.
+  ASSERT_NO_FATAL_FAILURE(CommitStep(*w, 2));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto step2, store_->OpenStep(2));
+  const std::string mine = dir + step2->manifest().metadata.at(kObjectsFolderKey) + "/a.bin";
+  for (const auto& key : {older, same, newer, mine, dir + "loose.bin"}) put(key);
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
   EXPECT_EQ(repaired.repairs,
-            std::vector<std::string>{"deleted torn step 4 but for another writer's objects of "
-                                     "generation " +
+            std::vector<std::string>{"deleted torn step 4 but for the objects of another writer "
+                                     "of generation " +
                                      std::to_string(g) + " or above"});
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto left, backend_->List(dir));
   EXPECT_EQ(left, (std::vector<std::string>{same, newer}));
@@ -721,6 +725,23 @@ TEST_F(LeaseTakeoverTest, AStaleGcLeavesAStepItsSuccessorSavedAgain) {
   EXPECT_EQ(gc.status().code(), Code::kAborted) << gc.status();
   EXPECT_NE(gc.status().message().find("retention: deleting step 2"), std::string::npos)
       << gc.status();
+  ExpectSuccessorsStep(1);
+}
+
+// The same, with the stall after the stale gc deleted step 1's manifest and
+// before it lists the step's objects: the successor saves step 1 anew in
+// between, and its manifest, in that listing, is left with its objects.
+TEST_F(LeaseTakeoverTest, AStaleGcLeavesAStepSavedAgainAfterItDeletedTheManifest) {
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale, store_->OpenWriter(WriterOptions{}));
+  for (int64_t step : {1, 2}) ASSERT_NO_FATAL_FAILURE(CommitStep(*stale, step));
+  backend_->prefix = StepDirName(1) + "/";
+  backend_->stall = [&] {
+    ASSERT_EQ(store_->OpenStep(1).status().code(), Code::kNotFound) << "manifest not deleted yet";
+    TakeOverAndSave(1, /*commit=*/true);
+  };
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, stale->CollectGarbage(1));
+  ASSERT_TRUE(successor_step_) << "the stale gc never listed step 1";
+  EXPECT_EQ(gc.deleted, std::vector<int64_t>{});
   ExpectSuccessorsStep(1);
 }
 

@@ -327,13 +327,16 @@ class CKPTIO_EXPORT StoreWriter {
   // deletes anything, and the fence is checked again before each deletion.
   // Where locks are leases, each step's manifest is read just before it is
   // deleted, and a step another writer saved again meanwhile is left (and
-  // logged). An error part-way says which steps were already deleted.
+  // logged; docs/FORMAT.md says what window remains). An error part-way
+  // says which steps were already deleted.
   Result<GcReport> CollectGarbage(int keep_last, const ProgressFn& progress = {});
 
   // Store::Check, then fixes what it found: points LATEST at the newest
   // verified step (or removes it when none), deletes corrupt steps
-  // (manifest first), torn steps and temp objects. Never deletes a step
-  // that verifies. Returns the check after repair, with `repairs` filled;
+  // (manifest first), torn steps and temp objects (where locks are leases,
+  // none of another writer of its generation or above, and no step such a
+  // writer committed meanwhile). Never deletes a step that verifies.
+  // Returns the check after repair, with `repairs` filled;
   // an error part-way says what was already repaired.
   Result<FsckReport> Repair(const ProgressFn& progress = {});
 
