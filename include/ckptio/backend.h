@@ -200,8 +200,8 @@ class CKPTIO_EXPORT StorageBackend {
 
   // Whether a writer can go on changing objects after it lost the writer
   // lock without knowing it: TryLock's locks are leases that the storage
-  // does not enforce on writes (an object store; NFS, whose locks end with
-  // a lease). The core then writes the
+  // does not enforce on writes (an object store; NFS or any network file
+  // system, whose locks end with a lease). The core then writes the
   // objects of each writer in a folder of its own inside the step, named by
   // the manifest (kObjectsFolderKey, manifest.h), so a stale writer's late
   // writes never land on a step that another writer committed.

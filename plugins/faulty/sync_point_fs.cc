@@ -150,5 +150,8 @@ int SyncPointFs::LinkAt(int dirfd, const char* from, const char* to) {
 int SyncPointFs::UnlinkAt(int dirfd, const char* name, int flags) {
   return inner_->UnlinkAt(dirfd, name, flags);
 }
+int SyncPointFs::StatFsType(const char* path, uint64_t* f_type) {
+  return inner_->StatFsType(path, f_type);
+}
 
 }  // namespace ckptio

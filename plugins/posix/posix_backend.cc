@@ -40,6 +40,12 @@ int PosixFs::LinkAt(int dirfd, const char* from, const char* to) {
 int PosixFs::UnlinkAt(int dirfd, const char* name, int flags) {
   return ::unlinkat(dirfd, name, flags);
 }
+int PosixFs::StatFsType(const char* path, uint64_t* f_type) {
+  struct statfs info;
+  if (::statfs(path, &info) != 0) return -1;
+  *f_type = static_cast<uint64_t>(info.f_type);
+  return 0;
+}
 
 // statfs(2) magics of network file systems that <linux/magic.h> lacks or
 // that older kernels' headers lack.
@@ -396,11 +402,13 @@ class PosixBackend : public StorageBackend {
   PosixBackend(std::string root, PosixBackendOptions options)
       : root_(std::move(root)), options_(std::move(options)) {
     if (!options_.fs) options_.fs = std::make_shared<PosixFs>();
+    leases_ = OnNetworkFileSystem();
   }
 
   ~PosixBackend() override = default;
 
   std::string Uri() const override { return "file://" + root_; }
+  bool LocksAreLeases() const override { return leases_; }
   const PosixBackendOptions& options() const { return options_; }
   PosixFs& fs() const { return *options_.fs; }
 
@@ -730,8 +738,22 @@ class PosixBackend : public StorageBackend {
     return OkStatus();
   }
 
+  // Whether the root, or (before it is made) its nearest existing
+  // ancestor, is on a network file system; false if that cannot be told.
+  bool OnNetworkFileSystem() const {
+    std::string path = root_;
+    while (true) {
+      uint64_t type = 0;
+      if (fs().StatFsType(path.c_str(), &type) == 0) return IsNetworkFileSystem(type);
+      if (errno != ENOENT || path == "/") return false;
+      const size_t slash = path.rfind('/');
+      path = slash == 0 ? "/" : path.substr(0, slash);
+    }
+  }
+
   std::string root_;
   PosixBackendOptions options_;
+  bool leases_ = false;  // LocksAreLeases()
 };
 
 PosixFs& PosixWriter::fs() const { return backend_->fs(); }

@@ -320,6 +320,63 @@ TEST(PosixBackend, NetworkFileSystemsAreNotMapped) {
   }
 }
 
+// Says every path is on NFS (after the real statfs, so that a missing path
+// is still ENOENT), and records the paths asked about.
+class NfsTypedFs : public PosixFs {
+ public:
+  std::vector<std::string> asked;
+  int StatFsType(const char* path, uint64_t* f_type) override {
+    asked.emplace_back(path);
+    if (PosixFs::StatFsType(path, f_type) != 0) return -1;
+    *f_type = NFS_SUPER_MAGIC;
+    return 0;
+  }
+};
+
+// On a network file system (kernel NFS, SMB, CephFS...) fcntl locks are
+// leases: a client cut off past its lease loses them without knowing. The
+// backend says so, and the store then gives each writer's objects a folder
+// of its own, as on nfs:// and s3://. Judged by the root, or before it is
+// made by its nearest existing ancestor.
+TEST(PosixBackend, LocksAreLeasesOnANetworkFileSystem) {
+  TempDir dir;
+  struct statfs info;
+  ASSERT_EQ(::statfs(dir.path().c_str(), &info), 0);
+  EXPECT_EQ(Open(dir.path())->LocksAreLeases(),
+            IsNetworkFileSystem(static_cast<uint64_t>(info.f_type)));
+
+  auto nfs = std::make_shared<NfsTypedFs>();
+  PosixBackendOptions o;
+  o.fs = nfs;
+  std::shared_ptr<StorageBackend> b = Open(dir.Sub("a/b/store"), o);
+  EXPECT_TRUE(b->LocksAreLeases());
+  EXPECT_EQ(nfs->asked, (std::vector<std::string>{dir.Sub("a/b/store"), dir.Sub("a/b"),
+                                                  dir.Sub("a"), dir.path()}));
+
+  Store store(b);
+  const std::string data = testing::RandomBytes(5000, 1);
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store.OpenWriter({}));
+    for (int64_t step : {1, 2}) {
+      CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(step));
+      CKPTIO_ASSERT_OK(p->PutObject("a.bin", data.data(), data.size()));
+      CKPTIO_ASSERT_OK(p->Commit().status());
+    }
+    CKPTIO_ASSERT_OK(w->CollectGarbage(1).status());
+  }
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store.OpenLatest());
+  EXPECT_EQ(r->step(), 2);
+  const auto& meta = r->manifest().metadata;
+  ASSERT_TRUE(meta.count(kObjectsFolderKey)) << "no objects folder on a network file system";
+  EXPECT_EQ(ReadFile(dir.Sub("a/b/store/" + StepDirName(2) + "/" + meta.at(kObjectsFolderKey) +
+                             "/a.bin")),
+            data);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string got, r->ReadAll("a.bin"));
+  EXPECT_EQ(got, data);
+  EXPECT_EQ(::access(dir.Sub("a/b/store/" + StepDirName(1)).c_str(), F_OK), -1)
+      << "gc left step 1's folders behind";
+}
+
 TEST(PosixBackend, PlantedDirectorySymlinkIsNeverFollowed) {
   TempDir dir;
   TempDir outside;

@@ -5,11 +5,10 @@
 //
 // The hook runs after the step it names, with the path of the temp file
 // (points 1-4) or of the target (5-6), as the kernel names the folder
-// (/proc/self/fd: symbolic links in the store's path resolved). A non-OK return fails the system call
-// there with EIO (as a real error at that point would; the call's own
-// effect is undone where the backend could not see it: a temp file the
-// failed open created is removed); a hook may also kill the process there
-// (the crash tests do). Use: PosixBackendOptions::fs =
+// (/proc/self/fd: symbolic links in the store's path resolved). A non-OK return fails the system
+// call there with EIO (as a real error at that point would; the call's own effect is undone where
+// the backend could not see it: a temp file the failed open created is removed); a hook may also
+// kill the process there (the crash tests do). Use: PosixBackendOptions::fs =
 // std::make_shared<SyncPointFs>(hook), then NewPosixBackend(root, options).
 //
 // How each point is seen from below the backend: a temp file is an OpenAt
@@ -59,6 +58,7 @@ class CKPTIO_EXPORT SyncPointFs : public PosixFs {
   int RenameAt(int dirfd, const char* from, const char* to) override;
   int LinkAt(int dirfd, const char* from, const char* to) override;
   int UnlinkAt(int dirfd, const char* name, int flags) override;
+  int StatFsType(const char* path, uint64_t* f_type) override;
 
  private:
   // Runs the hook; false (errno EIO) if it fails the call.

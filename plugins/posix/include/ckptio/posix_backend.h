@@ -25,7 +25,10 @@
 // retransmission answers ENOENT or EEXIST) succeeds if the target is now
 // the temp file's inode. Objects are memory-mapped only on local file
 // systems (see IsNetworkFileSystem); elsewhere Map() is Unimplemented and
-// callers read them into memory.
+// callers read them into memory. On those file systems fcntl locks are
+// leases (a client cut off past its lease loses them without knowing), and
+// the backend says so (LocksAreLeases), judging the store's folder with
+// PosixFs::StatFsType when it is made; Map() asks fstatfs(2) of the file.
 #ifndef CKPTIO_POSIX_BACKEND_H_
 #define CKPTIO_POSIX_BACKEND_H_
 
@@ -43,11 +46,12 @@
 namespace ckptio {
 
 // The system calls through which the backend opens, writes, syncs, renames
-// and removes (everything but reads, stats and locks), so that tests can
-// model what a power cut keeps, or stop at each step of the recipe above:
-// see plugins/faulty's PowerLossFs and SyncPointFs (test-only). Each returns
-// like the call it names (-1 with errno set on failure). The default
-// forwards to the kernel.
+// and removes (everything but reads, stats and locks), and learns which file
+// system the store is on, so that tests can model what a power cut keeps,
+// stop at each step of the recipe above (see plugins/faulty's PowerLossFs and
+// SyncPointFs, test-only), or put a store on NFS. Each returns like the call
+// it names (-1 with errno set on failure). The default forwards to the
+// kernel.
 class CKPTIO_EXPORT PosixFs {
  public:
   virtual ~PosixFs() = default;
@@ -59,6 +63,8 @@ class CKPTIO_EXPORT PosixFs {
   virtual int RenameAt(int dirfd, const char* from, const char* to);
   virtual int LinkAt(int dirfd, const char* from, const char* to);
   virtual int UnlinkAt(int dirfd, const char* name, int flags);
+  // statfs(2) of `path`, its f_type only.
+  virtual int StatFsType(const char* path, uint64_t* f_type);
 };
 
 struct CKPTIO_EXPORT PosixBackendOptions {
@@ -69,7 +75,10 @@ struct CKPTIO_EXPORT PosixBackendOptions {
 // Whether statfs(2)'s f_type names a network or cluster file system (NFS,
 // SMB/CIFS, FUSE, 9P, CephFS, AFS, Coda, NCP, Lustre, GPFS, BeeGFS,
 // OrangeFS), on which ObjectReader::Map() refuses to map: a file deleted by
-// another client goes stale under a map, and touching it raises SIGBUS.
+// another client goes stale under a map, and touching it raises SIGBUS. On
+// such a file system the backend's locks are leases (LocksAreLeases): a
+// client cut off from the server past its lease loses its locks without
+// knowing it, and its process goes on writing.
 CKPTIO_EXPORT bool IsNetworkFileSystem(uint64_t f_type);
 
 // A backend rooted at `root` (absolute, or relative to the current
