@@ -98,16 +98,28 @@ void LowerTo(std::atomic<uint64_t>& lowest, uint64_t c) {
   while (c < prev && !lowest.compare_exchange_weak(prev, c)) {
   }
 }
-}  // namespace
 
-Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf, size_t size) {
-  CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(manifest_, name, backend_->Uri()));
+// The entry of `name` if [offset, offset+size) lies inside it.
+Result<const ObjectEntry*> FindRange(const Manifest& m, const std::string& uri,
+                                     std::string_view name, uint64_t offset, uint64_t size) {
+  CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e, FindObject(m, name, uri));
   if (offset > e->size || size > e->size - offset)
     return Status(Code::kInvalidArgument,
-                  "store " + backend_->Uri() + ", step " + std::to_string(step()) +
-                      ": read of bytes [" + std::to_string(offset) + ", " + std::to_string(offset) +
-                      " + " + std::to_string(size) + ") is outside object " + e->name + " of " +
+                  "store " + uri + ", step " + std::to_string(m.step) + ": read of bytes [" +
+                      std::to_string(offset) + ", " + std::to_string(offset) + " + " +
+                      std::to_string(size) + ") is outside object " + e->name + " of " +
                       std::to_string(e->size) + " bytes");
+  return e;
+}
+}  // namespace
+
+Status CheckpointReader::CheckRange(std::string_view name, uint64_t offset, uint64_t size) const {
+  return FindRange(manifest_, backend_->Uri(), name, offset, size).status();
+}
+
+Status CheckpointReader::Read(std::string_view name, uint64_t offset, void* buf, size_t size) {
+  CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e,
+                          FindRange(manifest_, backend_->Uri(), name, offset, size));
   if (size == 0) return OkStatus();
   auto reader_or = Open(*e);
   if (!reader_or.ok()) {

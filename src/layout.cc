@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 
@@ -76,14 +77,26 @@ bool IsSweepableTempKey(std::string_view key) {
   return dir.rfind("step-", 0) == 0 && ObjectsFolderGeneration(folder) >= 0;
 }
 
+namespace {
+std::string Hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+std::string ObjectsFolderName(int64_t generation, uint64_t id) {
+  return "w" + std::to_string(generation) + "-" + Hex16(id);
+}
+
 int64_t ObjectsFolderGeneration(std::string_view name) {
   const size_t dash = name.find('-');
-  if (name.empty() || name[0] != 'w' || dash == std::string_view::npos || dash < 2 || dash > 19 ||
+  if (name.empty() || name[0] != 'w' || dash == std::string_view::npos || dash < 2 || dash > 20 ||
       name.size() != dash + 17)
     return -1;
   int64_t g = 0;
   for (char c : name.substr(1, dash - 1)) {
-    if (c < '0' || c > '9') return -1;
+    if (c < '0' || c > '9' || g > (INT64_MAX - (c - '0')) / 10) return -1;
     g = g * 10 + (c - '0');
   }
   for (char c : name.substr(dash + 1))
@@ -102,9 +115,7 @@ std::string KeySafeHostName() {
 
 std::string RandomHex() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
-  return buf;
+  return Hex16(rng());
 }
 
 }  // namespace ckptio

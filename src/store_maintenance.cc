@@ -2,6 +2,7 @@
 // store.h's protocol), fsck (what is committed, torn, corrupt or stale) and
 // repair.
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "ckptio/log.h"
@@ -138,9 +139,11 @@ Result<GcReport> WriterCore::CollectGarbage(int keep_last, std::optional<int64_t
       return deleted.status().WithContext("retention: deleting step " + std::to_string(step) +
                                           DoneBefore(done));
     if (*deleted == Deleted::kNothingCommittedSince) {
-      Log(LogLevel::kWarning, "store " + backend->Uri() + ": retention left step " +
-                                  std::to_string(step) + ": " + SuccessorWords() +
-                                  " committed it again since it was listed");
+      const std::string left = "left step " + std::to_string(step) + ": " + SuccessorWords() +
+                               " committed it again since it was listed";
+      Log(LogLevel::kWarning, "store " + backend->Uri() + ": retention " + left);
+      report.left.push_back(step);
+      done.push_back(left);
       continue;
     }
     report.deleted.push_back(step);
@@ -155,8 +158,12 @@ Result<GcReport> StoreWriter::CollectGarbage(int keep_last, const ProgressFn& pr
 
 namespace {
 
+// `known_corrupt`: steps found corrupt earlier, with the reason; reported
+// again without being opened (a check that does not verify data would
+// pass them).
 Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool verify_data,
-                              bool we_hold_lock) {
+                              bool we_hold_lock,
+                              const std::map<int64_t, std::string>& known_corrupt = {}) {
   StorageBackend& backend = store.backend();
   FsckReport r;
   if (!we_hold_lock) {
@@ -203,6 +210,10 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
             ", unless the active writer is saving it (between two objects: run fsck "
             "again to tell)";
       r.problems.push_back({FsckProblem::Kind::kTornStep, s.step, std::move(detail)});
+      continue;
+    }
+    if (auto known = known_corrupt.find(s.step); known != known_corrupt.end()) {
+      r.problems.push_back({FsckProblem::Kind::kCorruptStep, s.step, known->second});
       continue;
     }
     if (s.state == StepState::kCorrupt) {
@@ -262,7 +273,7 @@ Result<FsckReport> Store::Check(const ProgressFn& progress, bool verify_data) {
   return CheckStore(*this, progress, verify_data, /*we_hold_lock=*/false);
 }
 
-Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
+Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress, const RepairOptions& options) {
   WriterCore& core = *state_->core;
   if (core.pending)
     return Status(Code::kFailedPrecondition, "cannot repair while a checkpoint is pending");
@@ -270,6 +281,12 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
   Store store(core.backend);
   CKPTIO_ASSIGN_OR_RETURN(FsckReport before, CheckStore(store, progress, true, true));
   std::vector<std::string> repairs;
+  // With no step that verifies, the newest corrupt one is left (see
+  // RepairOptions).
+  std::map<int64_t, std::string> spared;
+  if (before.good_steps.empty() && !options.delete_all_corrupt)
+    for (auto p = before.problems.rbegin(); p != before.problems.rend() && spared.empty(); ++p)
+      if (p->kind == FsckProblem::Kind::kCorruptStep) spared[p->step] = p->detail;
   // What was repaired goes with an error part-way.
   auto stopped = [&](const Status& s, const std::string& doing) {
     return s.WithContext("repair: " + doing + DoneBefore(repairs));
@@ -279,7 +296,11 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
   for (const auto& p : before.problems) {
     if (p.kind != FsckProblem::Kind::kBadLatest) continue;
     CKPTIO_RETURN_IF_ERROR(core.CheckFence());  // (checking took a while)
-    if (before.good_steps.empty()) {
+    if (before.latest && spared.count(*before.latest)) {
+      // Loads that open LATEST keep failing on the step, too.
+      repairs.push_back("left LATEST: it names corrupt step " + std::to_string(*before.latest) +
+                        ", which is left");
+    } else if (before.good_steps.empty()) {
       Status s = backend.Delete(kLatestKey);
       if (!s.ok() && s.code() != Code::kNotFound)
         return stopped(s, "removing LATEST (no step verifies)");
@@ -304,6 +325,12 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
         p.kind == FsckProblem::Kind::kStaleTemp
             ? "stale temp " + p.detail
             : std::string(torn ? "torn" : "corrupt") + " step " + std::to_string(p.step);
+    if (p.kind == FsckProblem::Kind::kCorruptStep && spared.count(p.step)) {
+      repairs.push_back("left " + what +
+                        ": no step verifies and it is the newest (delete it with `ckptio fsck "
+                        "--repair --delete-all-corrupt`)");
+      continue;
+    }
     // Checking took a while (every byte was read): still ours to change?
     Status s = core.CheckFence();
     if (!s.ok()) return stopped(s, "deleting " + what);
@@ -333,7 +360,7 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress) {
     }
   }
   // Every remaining step verified above; re-read the structure only.
-  CKPTIO_ASSIGN_OR_RETURN(FsckReport after, CheckStore(store, {}, false, true));
+  CKPTIO_ASSIGN_OR_RETURN(FsckReport after, CheckStore(store, {}, false, true, spared));
   after.repairs = std::move(repairs);
   return after;
 }

@@ -115,8 +115,7 @@ Result<WriterRecord> LoadWriterRecord(StorageBackend& backend) {
 }
 
 std::string ObjectsFolderOf(const WriterRecord& w) {
-  return "w" + std::to_string(w.generation) + "-" +
-         HashBytes(SerializeWriterRecord(w)).Hex().substr(0, 16);
+  return ObjectsFolderName(w.generation, HashBytes(SerializeWriterRecord(w)).high);
 }
 
 // Keys grouped by step directory; other keys are ignored.

@@ -549,6 +549,29 @@ TEST_F(CorruptStoreTest, FsckReportsThenRepairRetiresTheStep) {
   EXPECT_EQ(again.exit_code, 0) << again;
 }
 
+// When no step verifies, repair leaves the newest corrupt step (the newest
+// state there is) and says so; --delete-all-corrupt deletes it too.
+TEST_F(CliTest, RepairWithNoGoodStepLeavesTheNewestCorruptOneUnlessTold) {
+  ASSERT_NO_FATAL_FAILURE(MakeStore());
+  for (int64_t step : {0, 10, 20}) FlipBit(ObjectPath(step, "shard-0.bin"), 1000, 0);
+  RunResult usage = Ckptio({"fsck", store_, "--delete-all-corrupt"});
+  EXPECT_EQ(usage.exit_code, 2) << "--delete-all-corrupt without --repair\n" << usage;
+
+  RunResult repair = Ckptio({"fsck", store_, "--repair"});
+  EXPECT_EQ(repair.exit_code, 1) << "a step is still corrupt\n" << repair;
+  EXPECT_NE(repair.out.find("left corrupt step 20: no step verifies"), std::string::npos) << repair;
+  EXPECT_NE(repair.out.find("--delete-all-corrupt"), std::string::npos) << repair;
+  EXPECT_NE(repair.out.find("problems remain after repair"), std::string::npos) << repair;
+  EXPECT_EQ(StepsOf(LsJson()), (std::vector<int64_t>{20}));
+  RunResult check = Ckptio({"fsck", store_});
+  EXPECT_EQ(check.exit_code, 1) << check;
+  EXPECT_NE(check.out.find("corrupt-step"), std::string::npos) << check;
+
+  RunResult all = Ckptio({"fsck", store_, "--repair", "--delete-all-corrupt"});
+  EXPECT_EQ(all.exit_code, 0) << all;
+  EXPECT_EQ(StepsOf(LsJson()), (std::vector<int64_t>{}));
+}
+
 // A manifest damaged into bytes that are not UTF-8: the parse error quotes
 // them, and --json output must still be JSON (nlohmann's dump throws on
 // invalid UTF-8 by default).

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <set>
 #include <string>
 
@@ -73,10 +74,23 @@ TEST(Layout, OnlyTempObjectsWhereTheCoreWritesAreSwept) {
 TEST(Layout, ObjectsFolderNamesGiveTheirGeneration) {
   EXPECT_EQ(ObjectsFolderGeneration("w12-0123456789abcdef"), 12);
   EXPECT_EQ(ObjectsFolderGeneration("w999999999999999999-0123456789abcdef"), 999999999999999999);
-  for (const char* bad : {"", "w", "w-0123456789abcdef", "x12-0123456789abcdef",
-                          "w1a-0123456789abcdef", "w12-0123456789abcde", "w12-0123456789abcdef0",
-                          "w12-0123456789ABCDEF", "w1234567890123456789-0123456789abcdef"})
+  for (const char* bad :
+       {"", "w", "w-0123456789abcdef", "x12-0123456789abcdef", "w1a-0123456789abcdef",
+        "w12-0123456789abcde", "w12-0123456789abcdef0", "w12-0123456789ABCDEF",
+        "w9223372036854775808-0123456789abcdef", "w12345678901234567890-0123456789abcdef"})
     EXPECT_EQ(ObjectsFolderGeneration(bad), -1) << bad;
+}
+
+TEST(Layout, ObjectsFolderNamesRoundTrip) {
+  for (int64_t g : {int64_t{0}, int64_t{1}, int64_t{12}, int64_t{999999999999999999},
+                    int64_t{1000000000000000000}, INT64_MAX})
+    for (uint64_t id : {uint64_t{0}, uint64_t{0x0123456789abcdef}, UINT64_MAX}) {
+      const std::string name = ObjectsFolderName(g, id);
+      EXPECT_EQ(name.size(), 2 + std::to_string(g).size() + 16) << name;
+      EXPECT_EQ(ObjectsFolderGeneration(name), g) << name;
+      EXPECT_TRUE(IsSweepableTempKey("step-000000000001/" + name + "/" + TempObjectName("x")))
+          << name;
+    }
 }
 
 TEST(Layout, StoreKeysTellAStoreFromItsParent) {

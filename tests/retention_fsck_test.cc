@@ -214,17 +214,50 @@ TEST_F(RetentionFsckTest, AnUnreadableManifestIsOneCorruptStepNotAFailedListing)
   EXPECT_EQ(Committed(), (std::vector<int64_t>{1}));
 }
 
-TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepRemovesLatest) {
+// With no step that verifies, repair deletes every corrupt step but the
+// newest, which it reports as left with the LATEST that names it: it holds
+// the newest state there is, and loads keep failing on it (DATA_LOSS)
+// rather than finding an empty store and starting over. Told to, it deletes
+// that one too, and LATEST.
+TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepLeavesTheNewestCorruptOne) {
   {
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
-    ASSERT_TRUE(Save(*w, 1).ok());
+    for (int64_t step : {1, 2}) ASSERT_TRUE(Save(*w, step).ok());
   }
   testing::FlipBit(StepPath(1, "b.bin"), 0, 0);
+  testing::FlipBit(StepPath(2, "b.bin"), 0, 0);
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+    EXPECT_TRUE(repaired.good_steps.empty());
+    ASSERT_EQ(repaired.problems.size(), 2u);
+    EXPECT_EQ(repaired.problems[0].kind, FsckProblem::Kind::kCorruptStep);
+    EXPECT_EQ(repaired.problems[0].step, 2);
+    EXPECT_NE(repaired.problems[0].detail.find("b.bin"), std::string::npos)
+        << repaired.problems[0].detail;
+    EXPECT_EQ(repaired.problems[1].kind, FsckProblem::Kind::kBadLatest);
+    EXPECT_EQ(repaired.latest, 2);
+    EXPECT_EQ(repaired.repairs,
+              (std::vector<std::string>{
+                  "left LATEST: it names corrupt step 2, which is left", "deleted corrupt step 1",
+                  "left corrupt step 2: no step verifies and it is the newest (delete it with "
+                  "`ckptio fsck --repair --delete-all-corrupt`)"}));
+  }
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(store_->ChooseStep(std::nullopt).status().code(), Code::kDataLoss)
+      << "a load would find no checkpoint where a corrupt one is";
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto latest, store_->OpenLatest());
+  EXPECT_EQ(latest->Verify().code(), Code::kDataLoss);
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+  RepairOptions all;
+  all.delete_all_corrupt = true;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair({}, all));
   EXPECT_TRUE(repaired.clean());
-  EXPECT_TRUE(repaired.good_steps.empty());
-  EXPECT_EQ(store_->OpenLatest().status().code(), Code::kNotFound);
+  EXPECT_EQ(repaired.repairs, (std::vector<std::string>{"removed LATEST: no step verifies",
+                                                        "deleted corrupt step 2"}));
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto fresh, store_->ChooseStep(std::nullopt));
+  EXPECT_FALSE(fresh.has_value());
 }
 
 // A repair that finds no good step removes LATEST only while the store is
@@ -288,11 +321,17 @@ class RefusingDelete : public testing::ForwardingBackend {
   std::string refuse_;
 };
 
-Store StoreRefusingDeletesOf(const std::string& path, const std::string& refuse) {
+// The store at `path` through test backend `B` (over the POSIX backend).
+template <class B, class... Args>
+Store StoreThrough(const std::string& path, Args&&... args) {
   auto posix = NewPosixBackend(path);
   EXPECT_TRUE(posix.ok()) << posix.status();
-  return Store(
-      std::make_shared<RefusingDelete>(std::shared_ptr<StorageBackend>(std::move(*posix)), refuse));
+  return Store(std::make_shared<B>(std::shared_ptr<StorageBackend>(std::move(*posix)),
+                                   std::forward<Args>(args)...));
+}
+
+Store StoreRefusingDeletesOf(const std::string& path, const std::string& refuse) {
+  return StoreThrough<RefusingDelete>(path, refuse);
 }
 
 // gc, retention after a commit, and repair that fail part-way say what they
@@ -359,6 +398,42 @@ TEST_F(RetentionFsckTest, AStaleTempThatCannotBeRemovedDoesNotStopTheNextWriter)
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("1 stale temp object(s)"), std::string::npos) << warnings[0];
   EXPECT_NE(warnings[0].find("stuck"), std::string::npos) << warnings[0];
+  EXPECT_EQ(::access(StepPath(1, ".ckptio-tmp.b.bin.host.1.3.dead").c_str(), F_OK), -1);
+  CKPTIO_ASSERT_OK(Save(**w, 2).status());
+}
+
+// Unfinished writes (multipart uploads) of dead writers that cannot be
+// aborted are invisible to readers: the next writer opens anyway, says so,
+// and still sweeps the stale temps.
+class FailingAborts : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<size_t> AbortUnfinishedWrites() override {
+    return Status(Code::kUnavailable, "the server is down for maintenance");
+  }
+};
+
+TEST_F(RetentionFsckTest, UnfinishedWritesThatCannotBeAbortedDoNotStopTheNextWriter) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    ASSERT_TRUE(Save(*w, 1).ok());
+  }
+  testing::WriteFile(StepPath(1, ".ckptio-tmp.b.bin.host.1.3.dead"), "junk");
+  std::vector<std::string> warnings;
+  LogSink previous = SetLogSink([&](LogLevel level, std::string_view m) {
+    if (level == LogLevel::kWarning) warnings.emplace_back(m);
+  });
+  Store failing = StoreThrough<FailingAborts>(dir_.Sub("store"));
+  auto w = failing.OpenWriter({});
+  SetLogSink(previous);
+  ASSERT_TRUE(w.ok()) << "a failed abort of unfinished writes stopped the writer: " << w.status();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("unfinished writes of earlier writers were not all aborted"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("down for maintenance"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("ckptio fsck --repair"), std::string::npos) << warnings[0];
+  EXPECT_EQ((*w)->stale_temps_removed(), 1u) << "the temp sweep did not go on";
   EXPECT_EQ(::access(StepPath(1, ".ckptio-tmp.b.bin.host.1.3.dead").c_str(), F_OK), -1);
   CKPTIO_ASSERT_OK(Save(**w, 2).status());
 }

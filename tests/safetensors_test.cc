@@ -297,10 +297,11 @@ TEST(Safetensors, CommitAndVerifyCheckTheManifestAgainstTheHeader) {
   EXPECT_NE(s.message().find("in the safetensors header"), std::string::npos) << s;
 }
 
-// A rank's striped tensor object that is gone by the commit (cleared after
-// the writer took its receipt) fails the commit as DATA_LOSS naming it:
-// the writer reads every tensor object's header back before the manifest.
-TEST(Safetensors, ATensorObjectGoneBeforeTheManifestFailsTheCommit) {
+// A rank's striped tensor object that is gone or resized by the commit
+// (cleared or rewritten after the writer took its receipt) fails the
+// commit as DATA_LOSS naming it: the writer reads every tensor object's
+// header back before the manifest.
+TEST(Safetensors, ATensorObjectGoneOrResizedBeforeTheManifestFailsTheCommit) {
   testing::TempDir dir;
   auto store = OpenStore(dir.Sub("s"));
   ASSERT_TRUE(store.ok());
@@ -314,8 +315,9 @@ TEST(Safetensors, ATensorObjectGoneBeforeTheManifestFailsTheCommit) {
   t.device = "cpu";
   t.offset = file.size() - 3;
   t.length = 3;
-  for (bool gone : {false, true}) {
-    const int64_t step = gone ? 2 : 1;
+  enum Change { kNone, kGone, kResized };
+  for (Change change : {kNone, kGone, kResized}) {
+    const int64_t step = 1 + change;
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, (*store)->OpenWriter({}));
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto pending, w->Begin(step));
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto stripe, (*store)->BeginStripe(step, 1));
@@ -325,19 +327,25 @@ TEST(Safetensors, ATensorObjectGoneBeforeTheManifestFailsTheCommit) {
     stripe->AddTensor(t);
     CKPTIO_ASSERT_OK_AND_ASSIGN(StripeReceipt r, stripe->Finish());
     CKPTIO_ASSERT_OK(pending->AddStripe(r));
-    const std::string path =
-        dir.Sub("s") + "/step-00000000000" + std::to_string(step) + "/" + t.object;
-    if (gone) {
+    const std::string path = dir.Sub("s") + "/" + StepDirName(step) + "/" + t.object;
+    if (change == kGone) {
       ASSERT_EQ(::unlink(path.c_str()), 0) << path;
+    } else if (change == kResized) {
+      ASSERT_EQ(::truncate(path.c_str(), file.size() + 1), 0) << path;
     }
     auto info = pending->Commit();
-    if (!gone) {
+    if (change == kNone) {
       CKPTIO_EXPECT_OK(info.status());
       continue;
     }
     EXPECT_EQ(info.status().code(), Code::kDataLoss) << info.status();
-    EXPECT_NE(info.status().message().find("m.part-1.safetensors is not in"), std::string::npos)
-        << info.status();
+    const std::string said = change == kGone
+                                 ? "m.part-1.safetensors is not in"
+                                 : "holds " + std::to_string(file.size() + 1) + " bytes, not the " +
+                                       std::to_string(file.size()) + " written";
+    EXPECT_NE(info.status().message().find(said), std::string::npos) << info.status();
+    pending.reset();
+    EXPECT_EQ((*store)->OpenStep(step).status().code(), Code::kNotFound) << step;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -72,6 +73,14 @@ TEST_F(StoreTest, SaveThenLoadRoundTripsEveryByte) {
   }
   std::string buf(10, '\0');
   EXPECT_EQ(r->Read("model.bin", big.size() - 5, buf.data(), 10).code(), Code::kInvalidArgument);
+  // CheckRange gives Read's answer about the range without reading.
+  CKPTIO_EXPECT_OK(r->CheckRange("model.bin", big.size() - 5, 5));
+  CKPTIO_EXPECT_OK(r->CheckRange("empty.bin", 0, 0));
+  EXPECT_EQ(r->CheckRange("model.bin", big.size() - 5, 6).code(), Code::kInvalidArgument);
+  EXPECT_EQ(r->CheckRange("model.bin", UINT64_MAX, 1).code(), Code::kInvalidArgument);
+  EXPECT_EQ(r->CheckRange("model.bin", 1, UINT64_MAX).code(), Code::kInvalidArgument)
+      << "offset + size must not wrap around";
+  EXPECT_EQ(r->CheckRange("nope", 0, 0).code(), Code::kNotFound);
   auto missing = r->ReadAll("nope");
   EXPECT_EQ(missing.status().code(), Code::kNotFound);
   EXPECT_NE(missing.status().message().find("model.bin"), std::string::npos)

@@ -110,6 +110,13 @@ class WriterLockTest : public ::testing::Test {
     (void)info;
   }
 
+  // The POSIX backend of the store, for a test backend to wrap.
+  std::shared_ptr<StorageBackend> Posix() {
+    auto posix = NewPosixBackend(path_);
+    EXPECT_TRUE(posix.ok()) << posix.status();
+    return std::move(*posix);
+  }
+
   TempDir tmp_;
   std::string path_;
 };
@@ -498,10 +505,7 @@ class LeasingBackend : public testing::ForwardingBackend {
 // writing cannot touch the step its successor committed, and its commit is
 // fenced. (Without folders its objects would land on the committed names.)
 TEST_F(WriterLockTest, WhereLocksAreLeasesAStaleWriterCannotTouchACommittedStep) {
-  CKPTIO_ASSERT_OK_AND_ASSIGN(auto posix, NewPosixBackend(path_));
-  auto leasing =
-      std::make_shared<LeasingBackend>(std::shared_ptr<StorageBackend>(std::move(posix)));
-  Store store(leasing);
+  Store store(std::make_shared<LeasingBackend>(Posix()));
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale, store.OpenWriter(WriterOptions{}));
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto stale_step, stale->Begin(5));
   const std::string old_bytes = RandomBytes(9000, 3);
@@ -566,8 +570,7 @@ class LeaseTakeoverTest : public WriterLockTest {
  protected:
   void SetUp() override {
     WriterLockTest::SetUp();
-    CKPTIO_ASSERT_OK_AND_ASSIGN(auto posix, NewPosixBackend(path_));
-    backend_ = std::make_shared<StallingBackend>(std::shared_ptr<StorageBackend>(std::move(posix)));
+    backend_ = std::make_shared<StallingBackend>(Posix());
     store_ = std::make_unique<Store>(backend_);
   }
 
@@ -723,7 +726,8 @@ TEST_F(LeaseTakeoverTest, AStaleGcLeavesAStepItsSuccessorSavedAgain) {
   ASSERT_TRUE(successor_step_) << "the stale gc never checked its fence twice";
   // Fenced at step 2's check: it went past step 1 (and left it).
   EXPECT_EQ(gc.status().code(), Code::kAborted) << gc.status();
-  EXPECT_NE(gc.status().message().find("retention: deleting step 2"), std::string::npos)
+  EXPECT_NE(gc.status().message().find("retention: deleting step 2 (done before this: left step 1"),
+            std::string::npos)
       << gc.status();
   ExpectSuccessorsStep(1);
 }
@@ -742,6 +746,7 @@ TEST_F(LeaseTakeoverTest, AStaleGcLeavesAStepSavedAgainAfterItDeletedTheManifest
   CKPTIO_ASSERT_OK_AND_ASSIGN(auto gc, stale->CollectGarbage(1));
   ASSERT_TRUE(successor_step_) << "the stale gc never listed step 1";
   EXPECT_EQ(gc.deleted, std::vector<int64_t>{});
+  EXPECT_EQ(gc.left, std::vector<int64_t>{1});
   ExpectSuccessorsStep(1);
 }
 
@@ -770,6 +775,41 @@ TEST_F(WriterLockTest, ACommitRefusesAnObjectGoneOrResizedSinceItWasWritten) {
         << committed.status();
     p.reset();
     EXPECT_EQ(store->OpenStep(step).status().code(), Code::kNotFound);
+  }
+}
+
+// Where locks are leases, gc reads a step's manifest again before deleting
+// it (has a successor saved the step again since?). When that read fails
+// for a reason other than damage, gc cannot tell, so it stops there and
+// deletes nothing of that step.
+class ManifestReadFails : public LeasingBackend {
+ public:
+  using LeasingBackend::LeasingBackend;
+  std::string failing;  // this key's opens fail, after the first (gc's listing)
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    if (key == failing && ++opens_ > 1) return Status(Code::kUnavailable, "read timed out");
+    return LeasingBackend::OpenObject(key);
+  }
+
+ private:
+  int opens_ = 0;
+};
+
+TEST_F(WriterLockTest, WhereLocksAreLeasesGcStopsWhenItCannotReadAStepsManifest) {
+  auto backend = std::make_shared<ManifestReadFails>(Posix());
+  Store store(backend);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store.OpenWriter(WriterOptions{}));
+  for (int64_t step : {1, 2, 3}) ASSERT_NO_FATAL_FAILURE(CommitStep(*w, step));
+  backend->failing = ManifestKey(1);
+  auto gc = w->CollectGarbage(1);
+  ASSERT_FALSE(gc.ok()) << "gc deleted step 1 without knowing whether it was saved again";
+  EXPECT_EQ(gc.status().code(), Code::kUnavailable) << gc.status();
+  EXPECT_NE(gc.status().message().find("deleting step 1"), std::string::npos) << gc.status();
+  EXPECT_NE(gc.status().message().find("reading its manifest"), std::string::npos) << gc.status();
+  backend->failing.clear();
+  for (int64_t step : {1, 2, 3}) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store.OpenStep(step));
+    CKPTIO_EXPECT_OK(r->Verify());
   }
 }
 

@@ -86,8 +86,10 @@ CKPTIO_EXPORT bool IsSweepableTempKey(std::string_view key);
 
 // Where a backend's locks are leases (StorageBackend::LocksAreLeases), each
 // writer puts a step's objects in a folder of its own inside the step,
-// "w<generation>-<16 hex digits>" (manifest.h, kObjectsFolderKey). The
-// generation of such a folder name; -1 if `name` is not one.
+// "w<generation>-<16 hex digits>" (manifest.h, kObjectsFolderKey): the
+// writer's generation (>= 0), then `id` (a hash of its lock record).
+CKPTIO_EXPORT std::string ObjectsFolderName(int64_t generation, uint64_t id);
+// The generation of such a folder name; -1 if `name` is not one.
 CKPTIO_EXPORT int64_t ObjectsFolderGeneration(std::string_view name);
 
 // For names unique to a process (lock owners, upload ids): the host name

@@ -85,6 +85,10 @@ class CKPTIO_EXPORT CheckpointReader {
   // NotFound for an unknown object and InvalidArgument for a range outside
   // it are answered before buf is touched.
   Status Read(std::string_view name, uint64_t offset, void* buf, size_t size);
+  // Read's answer for `name` and range [offset, offset+size) before any
+  // byte is read: NotFound, InvalidArgument, or OK. For callers that
+  // allocate the buffer (a binding) and want the error first.
+  Status CheckRange(std::string_view name, uint64_t offset, uint64_t size) const;
 
   // The whole object, every chunk verified (as strong as the whole-object
   // hash: the sealed manifest fixes the chunks; VerifyObject checks both).
@@ -293,11 +297,23 @@ struct CKPTIO_EXPORT FsckReport {
   bool clean() const { return problems.empty(); }
 };
 
+struct CKPTIO_EXPORT RepairOptions {
+  // When no committed step verifies, Repair leaves the newest corrupt one
+  // (and LATEST, if it names that step): it holds the newest state there
+  // is (what is intact can be salvaged), and a trainer's load keeps failing
+  // on it rather than starting over from nothing. True deletes it with the
+  // others (and LATEST).
+  bool delete_all_corrupt = false;
+};
+
 // What StoreWriter::CollectGarbage did.
 struct CKPTIO_EXPORT GcReport {
   std::vector<int64_t> deleted;        // ascending
   std::optional<int64_t> newest_good;  // newest step that verifies (kept); none: no step does
   std::vector<FsckProblem> corrupt;    // newer committed steps that failed verification
+  // Where locks are leases: old steps left whole because another writer
+  // committed them again while gc ran (ascending).
+  std::vector<int64_t> left;
 };
 
 // The one writer of a store (holds the lock until destroyed).
@@ -332,13 +348,15 @@ class CKPTIO_EXPORT StoreWriter {
   Result<GcReport> CollectGarbage(int keep_last, const ProgressFn& progress = {});
 
   // Store::Check, then fixes what it found: points LATEST at the newest
-  // verified step (or removes it when none), deletes corrupt steps
+  // verified step (or removes it when none does, unless it names the step
+  // left as below), deletes corrupt steps
   // (manifest first), torn steps and temp objects (where locks are leases,
   // none of another writer of its generation or above, and no step such a
-  // writer committed meanwhile). Never deletes a step that verifies.
-  // Returns the check after repair, with `repairs` filled;
+  // writer committed meanwhile). Never deletes a step that verifies. When
+  // none does, the newest corrupt step is left (see RepairOptions) and
+  // still reported. Returns the check after repair, with `repairs` filled;
   // an error part-way says what was already repaired.
-  Result<FsckReport> Repair(const ProgressFn& progress = {});
+  Result<FsckReport> Repair(const ProgressFn& progress = {}, const RepairOptions& options = {});
 
  private:
   friend class Store;

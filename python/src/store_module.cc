@@ -165,10 +165,8 @@ class PyStepReader {
   // every chunk they touch verified.
   at::Tensor Read(const std::string& name, uint64_t offset, uint64_t size) {
     // An unknown object or a range outside it is refused before anything
-    // is allocated (Read answers those before it touches the buffer).
-    const ObjectEntry* e = reader_->manifest().Find(name);
-    if (!e || offset > e->size || size > e->size - offset)
-      Check(reader_->Read(name, offset, nullptr, size));
+    // is allocated.
+    Check(reader_->CheckRange(name, offset, size));
     at::Tensor out = at::empty({static_cast<int64_t>(size)}, at::kByte);
     Check(Released([&] {
       std::lock_guard<std::mutex> turn(*mu_);

@@ -327,7 +327,8 @@ void PrintReport(const FsckReport& r) {
   std::cout << "\n";
 }
 
-int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
+int CmdFsck(const std::string& uri, bool repair, const RepairOptions& options, bool as_json,
+            double wait_s) {
   auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
   auto total = CommittedBytes(**store);
@@ -337,7 +338,7 @@ int CmdFsck(const std::string& uri, bool repair, bool as_json, double wait_s) {
   if (repair) {
     auto writer = OpenWriterWaiting(**store, wait_s);
     if (!writer.ok()) return Fail(writer.status());
-    report = (*writer)->Repair(progress.Fn());
+    report = (*writer)->Repair(progress.Fn(), options);
   } else {
     report = (*store)->Check(progress.Fn());
   }
@@ -391,6 +392,8 @@ int CmdGc(const std::string& uri, int keep, double wait_s) {
     corrupt_left = true;
   }
   for (int64_t s : gc->deleted) std::cout << "deleted step " << s << "\n";
+  for (int64_t s : gc->left)
+    std::cout << "left step " << s << ": another writer committed it again meanwhile\n";
   std::cout << gc->deleted.size() << " step(s) deleted, newest " << keep << " kept";
   if (gc->newest_good && !gc->corrupt.empty())
     std::cout << ", and step " << *gc->newest_good << ", the newest that verifies";
@@ -428,6 +431,7 @@ int Main(int argc, char** argv) {
   bool as_json = false, verify = false, all = false, repair = false;
   int keep = 0;
   double wait_s = 0;
+  RepairOptions repair_options;
 
   auto* ls = app.add_subcommand("ls", "List steps with their state, size and time");
   ls->add_option("STORE", uri, "store URI or path")->required();
@@ -449,9 +453,15 @@ int Main(int argc, char** argv) {
   auto* fsck = app.add_subcommand(
       "fsck", "Report torn steps, corrupt steps, stale temp files and a bad LATEST");
   fsck->add_option("STORE", uri, "store URI or path")->required();
-  fsck->add_flag("--repair", repair,
-                 "fix them: repoint LATEST at the newest good step, delete corrupt and torn "
-                 "steps and stale temps (never a step that verifies)");
+  auto* repair_flag =
+      fsck->add_flag("--repair", repair,
+                     "fix them: repoint LATEST at the newest good step, delete corrupt and torn "
+                     "steps and stale temps (never a step that verifies; when none does, the "
+                     "newest corrupt one stays)");
+  fsck->add_flag("--delete-all-corrupt", repair_options.delete_all_corrupt,
+                 "with --repair: when no step verifies, delete the newest corrupt step too "
+                 "(without it, that step is left for salvage)")
+      ->needs(repair_flag);
   fsck->add_flag("--json", as_json, "machine-readable output");
   fsck->add_option("--wait", wait_s, "seconds to wait for the writer lock with --repair")
       ->check(Seconds(0, 1e6));  // more overflows the deadline
@@ -484,7 +494,7 @@ int Main(int argc, char** argv) {
   if (*ls) return CmdLs(uri, verify, as_json);
   if (*ver) return CmdVerify(uri, step, all, as_json);
   if (*insp) return CmdInspect(uri, step, as_json);
-  if (*fsck) return CmdFsck(uri, repair, as_json, wait_s);
+  if (*fsck) return CmdFsck(uri, repair, repair_options, as_json, wait_s);
   if (*gc) return CmdGc(uri, keep, wait_s);
   return kExitUsage;
 }
