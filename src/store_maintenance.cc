@@ -282,11 +282,22 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress, const RepairO
   CKPTIO_ASSIGN_OR_RETURN(FsckReport before, CheckStore(store, progress, true, true));
   std::vector<std::string> repairs;
   // With no step that verifies, the newest corrupt one is left (see
-  // RepairOptions).
+  // RepairOptions): the newest whose manifest parses, if any (what is
+  // intact in it can still be read verified), else the newest.
   std::map<int64_t, std::string> spared;
-  if (before.good_steps.empty() && !options.delete_all_corrupt)
-    for (auto p = before.problems.rbegin(); p != before.problems.rend() && spared.empty(); ++p)
-      if (p->kind == FsckProblem::Kind::kCorruptStep) spared[p->step] = p->detail;
+  if (before.good_steps.empty() && !options.delete_all_corrupt) {
+    CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
+    std::set<int64_t> parses;
+    for (const auto& s : steps)
+      if (s.state == StepState::kCommitted) parses.insert(s.step);
+    const FsckProblem* pick = nullptr;
+    for (auto p = before.problems.rbegin(); p != before.problems.rend(); ++p) {
+      if (p->kind != FsckProblem::Kind::kCorruptStep) continue;
+      if (!pick || parses.count(p->step)) pick = &*p;
+      if (parses.count(p->step)) break;
+    }
+    if (pick) spared[pick->step] = pick->detail;
+  }
   // What was repaired goes with an error part-way.
   auto stopped = [&](const Status& s, const std::string& doing) {
     return s.WithContext("repair: " + doing + DoneBefore(repairs));

@@ -263,6 +263,31 @@ TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepLeavesTheNewestCorruptOne)
 // A repair that finds no good step removes LATEST only while the store is
 // still its own: a writer that took over while it verified (and wrote a
 // LATEST of its own) keeps that LATEST.
+// The step left is the newest whose manifest parses (its intact objects
+// can still be read verified), rather than a newer one whose manifest is
+// damaged.
+TEST_F(RetentionFsckTest, RepairWithNoGoodStepLeavesTheNewestWhoseManifestParses) {
+  {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+    for (int64_t step : {1, 2, 3}) ASSERT_TRUE(Save(*w, step).ok());
+  }
+  testing::FlipBit(StepPath(1, "b.bin"), 0, 0);
+  testing::FlipBit(StepPath(2, "b.bin"), 0, 0);
+  testing::WriteFile(StepPath(3, "MANIFEST.json"), "{\"not\": \"a manifest\"}");
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto repaired, w->Repair());
+  ASSERT_FALSE(repaired.problems.empty());
+  EXPECT_EQ(repaired.problems[0].kind, FsckProblem::Kind::kCorruptStep);
+  EXPECT_EQ(repaired.problems[0].step, 2);
+  EXPECT_EQ(Committed(), (std::vector<int64_t>{2}));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto steps, store_->ListSteps());
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].step, 2);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto two, store_->OpenStep(2));
+  CKPTIO_ASSERT_OK_AND_ASSIGN(std::string a, two->ReadAll("a.bin"));
+  EXPECT_FALSE(a.empty()) << "the intact object of the step left cannot be read";
+}
+
 TEST_F(RetentionFsckTest, RepairLeavesLatestAloneOnceFenced) {
   {
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));

@@ -299,8 +299,9 @@ struct CKPTIO_EXPORT FsckReport {
 
 struct CKPTIO_EXPORT RepairOptions {
   // When no committed step verifies, Repair leaves the newest corrupt one
-  // (and LATEST, if it names that step): it holds the newest state there
-  // is (what is intact can be salvaged), and a trainer's load keeps failing
+  // whose manifest parses, else the newest (and LATEST, if it names that
+  // step): it holds the newest state there is (what is intact can still be
+  // read verified), and a trainer's load keeps failing
   // on it rather than starting over from nothing. True deletes it with the
   // others (and LATEST).
   bool delete_all_corrupt = false;
