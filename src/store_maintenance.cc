@@ -338,8 +338,8 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress, const RepairO
             : std::string(torn ? "torn" : "corrupt") + " step " + std::to_string(p.step);
     if (p.kind == FsckProblem::Kind::kCorruptStep && spared.count(p.step)) {
       repairs.push_back("left " + what +
-                        ": no step verifies and it is the newest (delete it with `ckptio fsck "
-                        "--repair --delete-all-corrupt`)");
+                        ": no step verifies; it is kept for salvage (delete it with `ckptio "
+                        "fsck --repair --delete-all-corrupt`)");
       continue;
     }
     // Checking took a while (every byte was read): still ours to change?

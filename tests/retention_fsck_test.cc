@@ -240,8 +240,8 @@ TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepLeavesTheNewestCorruptOne)
     EXPECT_EQ(repaired.repairs,
               (std::vector<std::string>{
                   "left LATEST: it names corrupt step 2, which is left", "deleted corrupt step 1",
-                  "left corrupt step 2: no step verifies and it is the newest (delete it with "
-                  "`ckptio fsck --repair --delete-all-corrupt`)"}));
+                  "left corrupt step 2: no step verifies; it is kept for salvage (delete it "
+                  "with `ckptio fsck --repair --delete-all-corrupt`)"}));
   }
   EXPECT_EQ(Committed(), (std::vector<int64_t>{2}));
   EXPECT_EQ(store_->ChooseStep(std::nullopt).status().code(), Code::kDataLoss)
@@ -260,9 +260,6 @@ TEST_F(RetentionFsckTest, RepairOfAStoreWithNoGoodStepLeavesTheNewestCorruptOne)
   EXPECT_FALSE(fresh.has_value());
 }
 
-// A repair that finds no good step removes LATEST only while the store is
-// still its own: a writer that took over while it verified (and wrote a
-// LATEST of its own) keeps that LATEST.
 // The step left is the newest whose manifest parses (its intact objects
 // can still be read verified), rather than a newer one whose manifest is
 // damaged.
@@ -288,6 +285,9 @@ TEST_F(RetentionFsckTest, RepairWithNoGoodStepLeavesTheNewestWhoseManifestParses
   EXPECT_FALSE(a.empty()) << "the intact object of the step left cannot be read";
 }
 
+// A repair that finds no good step removes LATEST only while the store is
+// still its own: a writer that took over while it verified (and wrote a
+// LATEST of its own) keeps that LATEST.
 TEST_F(RetentionFsckTest, RepairLeavesLatestAloneOnceFenced) {
   {
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store_->OpenWriter({}));

@@ -354,8 +354,8 @@ class CKPTIO_EXPORT StoreWriter {
   // (manifest first), torn steps and temp objects (where locks are leases,
   // none of another writer of its generation or above, and no step such a
   // writer committed meanwhile). Never deletes a step that verifies. When
-  // none does, the newest corrupt step is left (see RepairOptions) and
-  // still reported. Returns the check after repair, with `repairs` filled;
+  // none does, one corrupt step is left for salvage (see RepairOptions)
+  // and still reported. Returns the check after repair, with `repairs` filled;
   // an error part-way says what was already repaired.
   Result<FsckReport> Repair(const ProgressFn& progress = {}, const RepairOptions& options = {});
 

@@ -456,11 +456,11 @@ int Main(int argc, char** argv) {
   auto* repair_flag =
       fsck->add_flag("--repair", repair,
                      "fix them: repoint LATEST at the newest good step, delete corrupt and torn "
-                     "steps and stale temps (never a step that verifies; when none does, the "
-                     "newest corrupt one stays)");
+                     "steps and stale temps (never a step that verifies; when none does, one "
+                     "corrupt step stays for salvage)");
   fsck->add_flag("--delete-all-corrupt", repair_options.delete_all_corrupt,
-                 "with --repair: when no step verifies, delete the newest corrupt step too "
-                 "(without it, that step is left for salvage)")
+                 "with --repair: when no step verifies, delete also the corrupt step it would "
+                 "keep for salvage")
       ->needs(repair_flag);
   fsck->add_flag("--json", as_json, "machine-readable output");
   fsck->add_option("--wait", wait_s, "seconds to wait for the writer lock with --repair")
