@@ -293,8 +293,11 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress, const RepairO
     const FsckProblem* pick = nullptr;
     for (auto p = before.problems.rbegin(); p != before.problems.rend(); ++p) {
       if (p->kind != FsckProblem::Kind::kCorruptStep) continue;
-      if (!pick || parses.count(p->step)) pick = &*p;
-      if (parses.count(p->step)) break;
+      if (!pick) pick = &*p;  // the newest
+      if (parses.count(p->step)) {
+        pick = &*p;
+        break;
+      }
     }
     if (pick) spared[pick->step] = pick->detail;
   }

@@ -46,8 +46,8 @@
 namespace ckptio {
 
 // The system calls through which the backend opens, writes, syncs, renames
-// and removes (everything but reads, stats and locks), and learns which file
-// system the store is on, so that tests can model what a power cut keeps,
+// and removes, and the statfs(2) that tells which file system the store is
+// on (not reads, other stats or locks), so that tests can model what a power cut keeps,
 // stop at each step of the recipe above (see plugins/faulty's PowerLossFs and
 // SyncPointFs, test-only), or put a store on NFS. Each returns like the call
 // it names (-1 with errno set on failure). The default forwards to the
