@@ -19,6 +19,13 @@ constexpr int kTries = 3;
 // An answer that is not streamed into a sink (errors, listings, upload
 // ids) larger than this is refused: no S3 answer ckptio reads is near it.
 constexpr size_t kMaxBodyBytes = size_t{64} << 20;
+// libcurl 7.88 sends "Expect: 100-continue" with every PUT and holds the
+// body back until the server's "100 Continue", one round trip more. A body
+// up to this size goes at once (curl 8 no longer asks for bodies this
+// small): a record, a manifest or a small object costs one round trip. A
+// larger part still waits, so that a refused request does not send its
+// bytes for nothing.
+constexpr size_t kSendAtOnceBytes = size_t{1} << 20;
 
 void GlobalInit() {
   static const CURLcode init = curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -303,7 +310,8 @@ Result<Response> Client::SendOnce(Handle& h, const Request& request, Clock::time
   add("x-amz-content-sha256: UNSIGNED-PAYLOAD");
   if (!options_.session_token.empty()) add("x-amz-security-token: " + options_.session_token);
   // (No "Expect:" to skip 100-continue: curl 7.88 would sign the empty
-  // header it then does not send, and the server refuses the signature.)
+  // header it then does not send, and the server refuses the signature.
+  // kSendAtOnceBytes says when the body does not wait for it.)
   for (const auto& line : request.headers) add(line);
 
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
@@ -327,6 +335,8 @@ Result<Response> Client::SendOnce(Handle& h, const Request& request, Clock::time
     curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, OnSeek);
     curl_easy_setopt(c, CURLOPT_SEEKDATA, &t);
     curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    if (request.body.size() <= kSendAtOnceBytes)
+      curl_easy_setopt(c, CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
   } else if (request.method == "POST") {
     curl_easy_setopt(c, CURLOPT_POST, 1L);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());

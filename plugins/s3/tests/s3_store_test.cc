@@ -1038,6 +1038,69 @@ TEST(S3AgainstAScriptedServer, APartAnswered503IsSentAgainAndTheUploadCompletes)
   EXPECT_NE(complete.find("uploadId=u1"), std::string::npos) << complete;
 }
 
+// How long after a PUT's head its body of `bytes` bytes arrived, at a
+// server that never answers "100 Continue" (libcurl 7.88 asks for it with
+// every PUT, and without it holds the body back for a second).
+milliseconds BodyDelayOfAPut(size_t bytes) {
+  int port = 0;
+  const int listen_fd = ListenOnLoopback(0, 1, &port);
+  if (listen_fd < 0) {
+    ADD_FAILURE() << "cannot listen on loopback: " << std::strerror(errno);
+    return milliseconds::max();
+  }
+  auto delay = std::async(std::launch::async, [&]() -> milliseconds {
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return milliseconds::max();
+    std::string in;
+    Clock::time_point head_at;
+    size_t want = std::string::npos;  // head and body, once the head is in
+    const auto give_up = Clock::now() + std::chrono::seconds(10);
+    while (in.size() < want && Clock::now() < give_up) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      in.append(buf, static_cast<size_t>(n));
+      const size_t end = in.find("\r\n\r\n");
+      if (want == std::string::npos && end != std::string::npos) {
+        head_at = Clock::now();
+        want = end + 4 + bytes;
+      }
+    }
+    const bool whole = in.size() >= want;
+    const milliseconds took = whole ? Since(head_at) : milliseconds::max();
+    const std::string ok = Answer("200 OK");
+    if (::send(fd, ok.data(), ok.size(), MSG_NOSIGNAL) < 0) ADD_FAILURE() << "cannot answer";
+    ::close(fd);
+    return took;
+  });
+  S3Options o;
+  o.endpoint = "http://127.0.0.1:" + std::to_string(port);
+  o.region = "us-east-1";
+  o.bucket = "b";
+  o.access_key_id = "AKIDCKPTIOTEST000000";
+  o.secret_access_key = "not-a-secret";
+  o.timeout = milliseconds(5000);
+  auto b = NewBackend(o);
+  Status put =
+      b ? Put(*b, "a.bin", std::string(bytes, 'b')) : Status(Code::kInternal, "no backend");
+  EXPECT_TRUE(IsOk(put)) << put;
+  const milliseconds took = delay.get();
+  ::close(listen_fd);
+  return took;
+}
+
+// A PUT of up to 1 MiB (records, manifests, small objects) sends its body
+// with its head, one round trip in all; a larger one still waits for the
+// server's go-ahead first.
+TEST(S3AgainstAScriptedServer, ASmallPutSendsItsBodyWithoutWaitingForContinue) {
+  const milliseconds small = BodyDelayOfAPut(size_t{1} << 20);
+  EXPECT_LT(small.count(), 500) << "a 1 MiB PUT waited for \"100 Continue\"";
+  const milliseconds large = BodyDelayOfAPut((size_t{1} << 20) + 1);
+  EXPECT_GE(large.count(), 500) << "a PUT over 1 MiB sent its body without waiting";
+}
+
 // A server (or proxy) that ignores Range and sends the whole object: a
 // read fails as Unavailable, never as DataLoss (fsck --repair deletes what
 // is damaged; this object may be fine). An object no longer than the bytes
