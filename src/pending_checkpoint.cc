@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "ckptio/safetensors.h"
+#include "copy.h"
 #include "object_io.h"
 #include "store_internal.h"
 
@@ -259,54 +261,74 @@ void PendingCheckpoint::AddTensor(TensorEntry tensor) {
 }
 
 namespace {
-// Every object of `m`, looked up in `dir` just before the manifest names it:
+// Objects checked at once by CheckObjects: each check is a round trip or
+// two on a remote store (a HEAD, or the GET that opens an object), which
+// would otherwise add up one after another at every commit.
+constexpr unsigned kCheckThreads = 8;
+
+// Object `e` of `m`, looked up in `dir` just before the manifest names it:
 // there, of its recorded size (stripes were written by other ranks; where
 // locks are leases, a writer that lost its lease could have cleared it),
-// DataLoss otherwise. Each object that holds tensors is read back too: its
+// DataLoss otherwise. An object that holds tensors is read back too: its
 // safetensors header must agree with the manifest's entries, as every load
 // checks (InvalidArgument otherwise: a reader would reject the step, yet
 // retention would count it as good).
+Status CheckObject(StorageBackend& backend, const std::string& dir, const Manifest& m,
+                   const ObjectEntry& e, bool holds_tensors) {
+  const std::string key = dir + e.name;
+  auto missing = [&](const Status& s) -> Status {
+    if (s.code() != Code::kNotFound) return s;
+    return Status(Code::kDataLoss, "object " + key + " is not in " + backend.Uri() +
+                                       " (its writer died, or the step was cleared after it "
+                                       "was written)");
+  };
+  auto wrong_size = [&](uint64_t size) {
+    return Status(Code::kDataLoss, "object " + key + " in " + backend.Uri() + " holds " +
+                                       std::to_string(size) + " bytes, not the " +
+                                       std::to_string(e.size) + " written");
+  };
+  if (!holds_tensors) {
+    auto info = backend.Stat(key);
+    if (!info.ok()) return missing(info.status());
+    if (info->size != e.size) return wrong_size(info->size);
+    return OkStatus();
+  }
+  auto reader = backend.OpenObject(key);
+  if (!reader.ok()) return missing(reader.status());
+  const uint64_t size = (*reader)->Size();
+  if (size != e.size) return wrong_size(size);
+  std::string header(std::min<uint64_t>(size, 8), '\0');
+  CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
+  Status s = OkStatus();
+  if (auto n = SafetensorsHeaderSize(header, size, key); !n.ok()) {
+    s = n.status();
+  } else {
+    header.resize(*n);
+    CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
+    s = CheckSafetensorsObject(m, e.name, header);
+  }
+  if (!s.ok())
+    return Status(Code::kInvalidArgument,
+                  "the checkpoint is inconsistent: its tensor entries disagree with object " +
+                      e.name + ": " + s.message());
+  return OkStatus();
+}
+
+// Every object of `m` checked by CheckObject, up to kCheckThreads at once;
+// the first that fails in name order is the one reported.
 Status CheckObjects(StorageBackend& backend, const std::string& dir, const Manifest& m) {
   std::set<std::string_view> with_tensors;
   for (const TensorEntry& t : m.tensors) with_tensors.insert(t.object);
-  for (const ObjectEntry& e : m.objects) {
-    const std::string key = dir + e.name;
-    auto missing = [&](const Status& s) -> Status {
-      if (s.code() != Code::kNotFound) return s;
-      return Status(Code::kDataLoss, "object " + key + " is not in " + backend.Uri() +
-                                         " (its writer died, or the step was cleared after it "
-                                         "was written)");
-    };
-    auto wrong_size = [&](uint64_t size) {
-      return Status(Code::kDataLoss, "object " + key + " in " + backend.Uri() + " holds " +
-                                         std::to_string(size) + " bytes, not the " +
-                                         std::to_string(e.size) + " written");
-    };
-    if (!with_tensors.count(e.name)) {
-      auto info = backend.Stat(key);
-      if (!info.ok()) return missing(info.status());
-      if (info->size != e.size) return wrong_size(info->size);
-      continue;
+  const size_t n = m.objects.size();
+  std::vector<Status> checked(n, OkStatus());
+  std::atomic<size_t> next{0};
+  RunOnThreads(static_cast<unsigned>(std::min<size_t>(n, kCheckThreads)), [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      const ObjectEntry& e = m.objects[i];
+      checked[i] = CheckObject(backend, dir, m, e, with_tensors.count(e.name) > 0);
     }
-    auto reader = backend.OpenObject(key);
-    if (!reader.ok()) return missing(reader.status());
-    const uint64_t size = (*reader)->Size();
-    if (size != e.size) return wrong_size(size);
-    std::string header(std::min<uint64_t>(size, 8), '\0');
-    CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
-    Status s = OkStatus();
-    if (auto n = SafetensorsHeaderSize(header, size, key); !n.ok()) {
-      s = n.status();
-    } else {
-      header.resize(*n);
-      CKPTIO_RETURN_IF_ERROR((*reader)->ReadAt(0, header.data(), header.size()));
-      s = CheckSafetensorsObject(m, e.name, header);
-    }
-    if (!s.ok())
-      return Status(Code::kInvalidArgument,
-                    "the checkpoint is inconsistent: its tensor entries disagree with object " +
-                        e.name + ": " + s.message());
-  }
+  });
+  for (const Status& s : checked) CKPTIO_RETURN_IF_ERROR(s);
   return OkStatus();
 }
 }  // namespace

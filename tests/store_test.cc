@@ -3,10 +3,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "ckptio/ckptio.h"
 #include "ckptio/posix_backend.h"
@@ -806,6 +814,81 @@ TEST_F(StoreTest, AnObjectErrorIsReportedByCommitWithItsCode) {
   EXPECT_FALSE(p->AddObject("bad/name").ok());  // validation: does not poison the commit
   CKPTIO_ASSERT_OK(p->PutObject("a", "x", 1));
   CKPTIO_EXPECT_OK(p->Commit().status());
+}
+
+// Forwards to a backend; after Start(n, gone), each Stat holds until n
+// Stats have begun (or a second has passed), the objects named in `gone`
+// are NotFound, and most_at_once() counts the Stats under way together.
+class GatedStats : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  void Start(int n, std::set<std::string> gone) {
+    std::lock_guard<std::mutex> g(mu_);
+    gated_ = true;
+    expected_ = n;
+    begun_ = most_at_once_ = 0;
+    gone_ = std::move(gone);
+  }
+  void Stop() {
+    std::lock_guard<std::mutex> g(mu_);
+    gated_ = false;
+  }
+  int most_at_once() {
+    std::lock_guard<std::mutex> g(mu_);
+    return most_at_once_;
+  }
+  Result<ObjectInfo> Stat(std::string_view key) override {
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      if (gated_) {
+        ++begun_;
+        most_at_once_ = std::max(most_at_once_, ++under_way_);
+        cv_.notify_all();
+        cv_.wait_for(g, std::chrono::seconds(1), [&] { return begun_ >= expected_; });
+        --under_way_;
+        if (gone_.count(std::string(key.substr(key.rfind('/') + 1))))
+          return Status(Code::kNotFound, "gone (test)");
+      }
+    }
+    return ForwardingBackend::Stat(key);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool gated_ = false;
+  int expected_ = 0, begun_ = 0, under_way_ = 0, most_at_once_ = 0;
+  std::set<std::string> gone_;
+};
+
+// A commit looks its objects up all at once, not one after another (each
+// lookup is a round trip on a remote store), and of several that fail it
+// reports the first by name, whichever failed first.
+TEST_F(StoreTest, ACommitChecksItsObjectsAtOnceAndReportsTheFirstThatFails) {
+  auto posix = NewPosixBackend(dir_.Sub("store"));
+  ASSERT_TRUE(posix.ok()) << posix.status();
+  auto gated = std::make_shared<GatedStats>(std::shared_ptr<StorageBackend>(std::move(*posix)));
+  Store store(gated);
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto w, store.OpenWriter({}));
+  const std::map<std::string, std::string> objects = {
+      {"a", "1"}, {"b", "22"}, {"c", "333"}, {"d", "4444"}};
+  for (int64_t step : {1, 2}) {
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(step));
+    for (const auto& [name, bytes] : objects)
+      CKPTIO_ASSERT_OK(p->PutObject(name, bytes.data(), bytes.size()));
+    gated->Start(4, step == 2 ? std::set<std::string>{"b", "d"} : std::set<std::string>{});
+    auto info = p->Commit();
+    gated->Stop();
+    EXPECT_EQ(gated->most_at_once(), 4) << "step " << step << ": the objects were looked up "
+                                        << gated->most_at_once() << " at a time";
+    if (step == 1) {
+      CKPTIO_EXPECT_OK(info.status());
+    } else {
+      EXPECT_EQ(info.status().code(), Code::kDataLoss) << info.status();
+      EXPECT_NE(info.status().message().find("step-000000000002/b is not in"), std::string::npos)
+          << info.status();
+    }
+  }
 }
 
 TEST_F(StoreTest, AFencedWritersAbandonedCheckpointDeletesNothing) {
