@@ -160,10 +160,11 @@ namespace {
 
 // `known_corrupt`: steps found corrupt earlier, with the reason; reported
 // again without being opened (a check that does not verify data would
-// pass them).
+// pass them). `parsed`, if given, gets every step whose manifest parses.
 Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool verify_data,
                               bool we_hold_lock,
-                              const std::map<int64_t, std::string>& known_corrupt = {}) {
+                              const std::map<int64_t, std::string>& known_corrupt = {},
+                              std::set<int64_t>* parsed = nullptr) {
   StorageBackend& backend = store.backend();
   FsckReport r;
   if (!we_hold_lock) {
@@ -199,6 +200,7 @@ Result<FsckReport> CheckStore(Store& store, const ProgressFn& progress, bool ver
   }
   std::map<int64_t, Hash128> good;
   for (const auto& s : steps) {
+    if (parsed && s.state == StepState::kCommitted) parsed->insert(s.step);
     if (s.state == StepState::kTorn) {
       if (r.in_progress == s.step) continue;
       std::string detail = "no MANIFEST.json: an unfinished save";
@@ -279,17 +281,14 @@ Result<FsckReport> StoreWriter::Repair(const ProgressFn& progress, const RepairO
     return Status(Code::kFailedPrecondition, "cannot repair while a checkpoint is pending");
   StorageBackend& backend = *core.backend;
   Store store(core.backend);
-  CKPTIO_ASSIGN_OR_RETURN(FsckReport before, CheckStore(store, progress, true, true));
+  std::set<int64_t> parses;
+  CKPTIO_ASSIGN_OR_RETURN(FsckReport before, CheckStore(store, progress, true, true, {}, &parses));
   std::vector<std::string> repairs;
   // With no step that verifies, the newest corrupt one is left (see
   // RepairOptions): the newest whose manifest parses, if any (what is
   // intact in it can still be read verified), else the newest.
   std::map<int64_t, std::string> spared;
   if (before.good_steps.empty() && !options.delete_all_corrupt) {
-    CKPTIO_ASSIGN_OR_RETURN(auto steps, store.ListSteps());
-    std::set<int64_t> parses;
-    for (const auto& s : steps)
-      if (s.state == StepState::kCommitted) parses.insert(s.step);
     const FsckProblem* pick = nullptr;
     for (auto p = before.problems.rbegin(); p != before.problems.rend(); ++p) {
       if (p->kind != FsckProblem::Kind::kCorruptStep) continue;
