@@ -1,10 +1,15 @@
 #include "test_util.h"
 
+#include <sys/vfs.h>
+
 #include <boost/filesystem.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
+
+#include "ckptio/posix_backend.h"
 
 namespace ckptio::testing {
 
@@ -12,6 +17,14 @@ namespace fs = boost::filesystem;
 
 TempDir::TempDir() {
   fs::path base = fs::temp_directory_path();
+  // On a network (or FUSE) file system the POSIX backend works in lease
+  // mode, each writer's objects in a folder of its own, and the tests that
+  // name objects' paths would fail for that reason alone.
+  struct statfs info {};
+  if (::statfs(base.c_str(), &info) == 0 && IsNetworkFileSystem(static_cast<uint64_t>(info.f_type)))
+    throw std::runtime_error("the tests need a local file system for their files, and " +
+                             base.string() +
+                             " is a network or FUSE one: set TMPDIR to a local folder");
   fs::path p = base / fs::unique_path("ckptio-test-%%%%-%%%%-%%%%");
   fs::create_directories(p);
   path_ = p.string();

@@ -17,6 +17,7 @@
 namespace ckptio::testing {
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents.
+// Throws where that is on a network or FUSE file system (see TempDir()).
 class TempDir {
  public:
   TempDir();
