@@ -23,6 +23,8 @@ CheckpointReader::CheckpointReader(std::shared_ptr<StorageBackend> backend, Mani
 CheckpointReader::~CheckpointReader() = default;
 
 namespace {
+// Objects ViewAll opens, and where reads are round trips views, at once.
+constexpr unsigned kViewAllAtOnce = 4;
 // What to do about a step whose bytes do not match its manifest.
 constexpr char kCorrupt[] =
     "the checkpoint is corrupt: load an older step, and run `ckptio fsck --repair` to retire it";
@@ -31,6 +33,11 @@ constexpr char kCorrupt[] =
 Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
   auto it = open_.find(e.name);
   if (it != open_.end()) return it->second.get();
+  CKPTIO_ASSIGN_OR_RETURN(auto reader, OpenUncached(e));
+  return open_.emplace(e.name, std::move(reader)).first->second.get();
+}
+
+Result<std::unique_ptr<ObjectReader>> CheckpointReader::OpenUncached(const ObjectEntry& e) const {
   std::string key = manifest_.ObjectKeyOf(e.name);
   auto reader = backend_->OpenObject(key);
   if (!reader.ok()) {
@@ -52,7 +59,7 @@ Result<ObjectReader*> CheckpointReader::Open(const ObjectEntry& e) {
                       e.name + ": " + std::to_string((*reader)->Size()) +
                       " bytes on storage, the manifest records " + std::to_string(e.size) +
                       " (torn or altered object); " + kCorrupt);
-  return open_.emplace(e.name, std::move(*reader)).first->second.get();
+  return std::move(*reader);
 }
 
 Status CheckpointReader::ChunkMismatch(const ObjectEntry& e, uint64_t chunk,
@@ -278,6 +285,50 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
   if (!failed.ok()) return failed.WithContext(where);
   if (first_bad.load() < n) return ChunkMismatch(*e, first_bad.load(), got[first_bad.load()]);
   return view;
+}
+
+Result<std::vector<std::shared_ptr<ObjectView>>> CheckpointReader::ViewAll() {
+  const std::vector<ObjectEntry>& objects = manifest_.objects;
+  const size_t n = objects.size();
+  // Opened at once (on a remote store each opening is a round trip), then
+  // kept as Open keeps them.
+  std::vector<std::unique_ptr<ObjectReader>> opened(n);
+  std::vector<Status> failed(n, OkStatus());
+  std::atomic<size_t> next{0};
+  RunOnThreads(static_cast<unsigned>(std::min<size_t>(n, kViewAllAtOnce)), [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      if (open_.count(objects[i].name)) continue;
+      auto reader = OpenUncached(objects[i]);
+      if (reader.ok())
+        opened[i] = std::move(*reader);
+      else
+        failed[i] = reader.status();
+    }
+  });
+  bool concurrent_reads = false;
+  for (size_t i = 0; i < n; ++i) {
+    CKPTIO_RETURN_IF_ERROR(failed[i]);
+    if (opened[i]) open_.emplace(objects[i].name, std::move(opened[i]));
+    concurrent_reads |= open_.at(objects[i].name)->ConcurrentReads() > 1;
+  }
+  // Viewed several at once where reads are round trips (the backend takes
+  // concurrent reads), else one by one: each View is parallel within.
+  // Nothing below changes open_. Objects after one that failed are left.
+  std::vector<Result<std::shared_ptr<ObjectView>>> views(n, Status(Code::kInternal, "unused"));
+  std::atomic<uint64_t> first_bad{n};
+  next = 0;
+  auto view = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n && i < first_bad.load();) {
+      views[i] = View(objects[i].name);
+      if (!views[i].ok()) LowerTo(first_bad, i);
+    }
+  };
+  RunOnThreads(concurrent_reads ? static_cast<unsigned>(std::min<size_t>(n, kViewAllAtOnce)) : 1,
+               view);
+  if (first_bad.load() < n) return views[first_bad.load()].status();
+  std::vector<std::shared_ptr<ObjectView>> out;
+  for (auto& v : views) out.push_back(std::move(*v));
+  return out;
 }
 
 Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& progress) {

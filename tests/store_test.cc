@@ -816,49 +816,57 @@ TEST_F(StoreTest, AnObjectErrorIsReportedByCommitWithItsCode) {
   CKPTIO_EXPECT_OK(p->Commit().status());
 }
 
-// Forwards to a backend; after Start(n, gone), each Stat holds until n
-// Stats have begun (or a second has passed), the objects named in `gone`
-// are NotFound, and most_at_once() counts the Stats under way together.
-class GatedStats : public testing::ForwardingBackend {
+// Once started for n, holds each caller of Pass() until n have begun (or
+// a second has passed), and counts how many were under way at once.
+class Gate {
  public:
-  using ForwardingBackend::ForwardingBackend;
-  void Start(int n, std::set<std::string> gone) {
+  void Start(int n) {
     std::lock_guard<std::mutex> g(mu_);
-    gated_ = true;
+    on_ = true;
     expected_ = n;
     begun_ = most_at_once_ = 0;
-    gone_ = std::move(gone);
   }
   void Stop() {
     std::lock_guard<std::mutex> g(mu_);
-    gated_ = false;
+    on_ = false;
   }
   int most_at_once() {
     std::lock_guard<std::mutex> g(mu_);
     return most_at_once_;
   }
-  Result<ObjectInfo> Stat(std::string_view key) override {
-    {
-      std::unique_lock<std::mutex> g(mu_);
-      if (gated_) {
-        ++begun_;
-        most_at_once_ = std::max(most_at_once_, ++under_way_);
-        cv_.notify_all();
-        cv_.wait_for(g, std::chrono::seconds(1), [&] { return begun_ >= expected_; });
-        --under_way_;
-        if (gone_.count(std::string(key.substr(key.rfind('/') + 1))))
-          return Status(Code::kNotFound, "gone (test)");
-      }
-    }
-    return ForwardingBackend::Stat(key);
+  void Pass() {
+    std::unique_lock<std::mutex> g(mu_);
+    if (!on_) return;
+    ++begun_;
+    most_at_once_ = std::max(most_at_once_, ++under_way_);
+    cv_.notify_all();
+    cv_.wait_for(g, std::chrono::seconds(1), [&] { return begun_ >= expected_; });
+    --under_way_;
   }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  bool gated_ = false;
+  bool on_ = false;
   int expected_ = 0, begun_ = 0, under_way_ = 0, most_at_once_ = 0;
-  std::set<std::string> gone_;
+};
+
+// The last component of `key`.
+std::string NameOf(std::string_view key) { return std::string(key.substr(key.rfind('/') + 1)); }
+
+// Forwards to a backend; each Stat passes `stats`, and those of the objects
+// named in `gone` are NotFound.
+class GatedStats : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<ObjectInfo> Stat(std::string_view key) override {
+    stats.Pass();
+    if (gone.count(NameOf(key))) return Status(Code::kNotFound, "gone (test)");
+    return ForwardingBackend::Stat(key);
+  }
+
+  Gate stats;
+  std::set<std::string> gone;  // set before the gate is started
 };
 
 // A commit looks its objects up all at once, not one after another (each
@@ -876,11 +884,12 @@ TEST_F(StoreTest, ACommitChecksItsObjectsAtOnceAndReportsTheFirstThatFails) {
     CKPTIO_ASSERT_OK_AND_ASSIGN(auto p, w->Begin(step));
     for (const auto& [name, bytes] : objects)
       CKPTIO_ASSERT_OK(p->PutObject(name, bytes.data(), bytes.size()));
-    gated->Start(4, step == 2 ? std::set<std::string>{"b", "d"} : std::set<std::string>{});
+    if (step == 2) gated->gone = {"b", "d"};
+    gated->stats.Start(4);
     auto info = p->Commit();
-    gated->Stop();
-    EXPECT_EQ(gated->most_at_once(), 4) << "step " << step << ": the objects were looked up "
-                                        << gated->most_at_once() << " at a time";
+    gated->stats.Stop();
+    EXPECT_EQ(gated->stats.most_at_once(), 4) << "step " << step << ": the objects were looked up "
+                                              << gated->stats.most_at_once() << " at a time";
     if (step == 1) {
       CKPTIO_EXPECT_OK(info.status());
     } else {
@@ -889,6 +898,82 @@ TEST_F(StoreTest, ACommitChecksItsObjectsAtOnceAndReportsTheFirstThatFails) {
           << info.status();
     }
   }
+}
+
+// Forwards to a backend whose objects cannot be mapped and whose readers
+// take `concurrent` reads at once (as an object store's); each opening
+// passes `opens` and each read `reads`.
+class RoundTripReads : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    struct Reader : ObjectReader {
+      std::unique_ptr<ObjectReader> inner;
+      RoundTripReads* backend;
+      uint64_t Size() const override { return inner->Size(); }
+      Status ReadAt(uint64_t offset, void* buf, size_t size) override {
+        backend->reads.Pass();
+        return inner->ReadAt(offset, buf, size);
+      }
+      unsigned ConcurrentReads() const override { return backend->concurrent; }
+    };
+    opens.Pass();
+    CKPTIO_ASSIGN_OR_RETURN(auto inner, ForwardingBackend::OpenObject(key));
+    auto r = std::make_unique<Reader>();
+    r->inner = std::move(inner);
+    r->backend = this;
+    return std::unique_ptr<ObjectReader>(std::move(r));
+  }
+
+  Gate opens, reads;
+  unsigned concurrent = 1;
+};
+
+// ViewAll opens a step's objects at once; where reads are round trips
+// (readers that take several at once) it reads them at once too, else one
+// after another; every byte verified either way, and of two damaged
+// objects the first by name is the one reported.
+TEST_F(StoreTest, ViewAllOpensObjectsAtOnceAndReadsThemAtOnceWhereReadsAreRoundTrips) {
+  const std::map<std::string, std::string> objects = {{"a", RandomBytes(5000, 1)},
+                                                      {"b", RandomBytes(6000, 2)},
+                                                      {"c", RandomBytes(7000, 3)},
+                                                      {"d", RandomBytes(8000, 4)}};
+  {
+    auto w = Writer();
+    CKPTIO_ASSERT_OK(Save(*w, 1, objects).status());
+  }
+  auto posix = NewPosixBackend(dir_.Sub("store"));
+  ASSERT_TRUE(posix.ok()) << posix.status();
+  auto backend =
+      std::make_shared<RoundTripReads>(std::shared_ptr<StorageBackend>(std::move(*posix)));
+  Store store(backend);
+  for (unsigned concurrent : {4u, 1u}) {
+    SCOPED_TRACE("readers take " + std::to_string(concurrent) + " reads at once");
+    backend->concurrent = concurrent;
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store.OpenStep(1));
+    backend->opens.Start(4);
+    // One at a time: the first read waits a second for a second one, alone.
+    backend->reads.Start(concurrent == 1 ? 2 : 4);
+    auto views = r->ViewAll();
+    backend->opens.Stop();
+    backend->reads.Stop();
+    ASSERT_TRUE(views.ok()) << views.status();
+    ASSERT_EQ(views->size(), objects.size());
+    size_t i = 0;
+    for (const auto& [name, bytes] : objects) {
+      const auto& v = (*views)[i++];
+      EXPECT_EQ(std::string(v->data(), v->size()), bytes) << name;
+    }
+    EXPECT_EQ(backend->opens.most_at_once(), 4);
+    EXPECT_EQ(backend->reads.most_at_once(), concurrent == 1 ? 1 : 4);
+  }
+  for (const char* name : {"d", "b"})
+    testing::FlipBit(dir_.Sub("store") + "/step-000000000001/" + name, 100, 0);
+  backend->concurrent = 4;
+  CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store.OpenStep(1));
+  auto views = r->ViewAll();
+  EXPECT_EQ(views.status().code(), Code::kDataLoss) << views.status();
+  EXPECT_NE(views.status().message().find("object b"), std::string::npos) << views.status();
 }
 
 TEST_F(StoreTest, AFencedWritersAbandonedCheckpointDeletesNothing) {

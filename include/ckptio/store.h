@@ -103,6 +103,11 @@ class CKPTIO_EXPORT CheckpointReader {
   // the caller's and outlives the reader. Errors as Read (nothing is
   // returned on a mismatch).
   Result<std::shared_ptr<ObjectView>> View(std::string_view name, unsigned threads = 0);
+  // View of every object, in the manifest's order: the objects opened up
+  // to 4 at once, and where the backend takes concurrent reads (an object
+  // store, where each read is a round trip) also viewed up to 4 at once;
+  // elsewhere one after another. The first error in the manifest's order.
+  Result<std::vector<std::shared_ptr<ObjectView>>> ViewAll();
 
   // Reads and checks every chunk and the whole-object hash of `name`. On a
   // map (local files), chunks are hashed on up to 3 helper threads while the
@@ -116,7 +121,8 @@ class CKPTIO_EXPORT CheckpointReader {
   friend class Store;
   CheckpointReader(std::shared_ptr<StorageBackend> backend, Manifest manifest,
                    Hash128 manifest_hash);
-  Result<ObjectReader*> Open(const ObjectEntry& entry);
+  Result<ObjectReader*> Open(const ObjectEntry& entry);  // kept in open_
+  Result<std::unique_ptr<ObjectReader>> OpenUncached(const ObjectEntry& entry) const;
   Status ChunkMismatch(const ObjectEntry& e, uint64_t chunk, const Hash128& got) const;
 
   std::shared_ptr<StorageBackend> backend_;
