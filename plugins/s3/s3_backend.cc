@@ -166,8 +166,8 @@ Result<S3Options> ParseS3Uri(const Uri& uri) {
   const bool dns_safe = o.bucket.find_first_of("._ABCDEFGHIJKLMNOPQRSTUVWXYZ") == std::string::npos;
   o.path_style = path_style.value_or(!o.endpoint.empty() || !dns_safe);
   if (o.endpoint.empty()) o.endpoint = "https://s3." + o.region + ".amazonaws.com";
-  if (o.endpoint.rfind("http://", 0) != 0 && o.endpoint.rfind("https://", 0) != 0)
-    return bad("the endpoint \"" + o.endpoint + "\" must start with https:// or http://");
+  if (const std::string why = s3::EndpointProblem(o.endpoint); !why.empty())
+    return bad("the endpoint \"" + o.endpoint + "\" " + why);
   for (unsigned char c : o.region)
     if (!std::isalnum(c) && c != '-') return bad("the region \"" + o.region + "\" is not one");
 

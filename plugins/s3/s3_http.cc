@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 namespace ckptio::s3 {
@@ -235,6 +236,30 @@ std::unique_ptr<Client::Handle> Client::Take() {
 void Client::Give(std::unique_ptr<Handle> h) {
   std::lock_guard<std::mutex> g(mu_);
   if (idle_.size() < 64) idle_.push_back(std::move(h));
+}
+
+std::string EndpointProblem(const std::string& endpoint) {
+  if (endpoint.rfind("http://", 0) != 0 && endpoint.rfind("https://", 0) != 0)
+    return "must start with https:// or http://";
+  std::unique_ptr<CURLU, void (*)(CURLU*)> url(curl_url(), curl_url_cleanup);
+  if (!url) return "cannot be parsed: libcurl has no memory";
+  if (CURLUcode rc = curl_url_set(url.get(), CURLUPART_URL, endpoint.c_str(), 0); rc != CURLUE_OK)
+    return std::string("is not a URL: ") + curl_url_strerror(rc);
+  // A part the URL has: its text; none: nullopt.
+  auto part = [&](CURLUPart which) -> std::optional<std::string> {
+    char* text = nullptr;
+    if (curl_url_get(url.get(), which, &text, 0) != CURLUE_OK) return std::nullopt;
+    std::string out = text;
+    curl_free(text);
+    return out;
+  };
+  if (part(CURLUPART_USER) || part(CURLUPART_PASSWORD))
+    return "holds a user name: give credentials in AWS_ACCESS_KEY_ID / "
+           "AWS_SECRET_ACCESS_KEY or a profile";
+  if (part(CURLUPART_QUERY) || part(CURLUPART_FRAGMENT)) return "has a query or a fragment";
+  if (auto path = part(CURLUPART_PATH); path && *path != "/" && !path->empty())
+    return "has a path (\"" + *path + "\"): give scheme, host and port only";
+  return "";
 }
 
 std::string Client::Url(const Request& request) const {

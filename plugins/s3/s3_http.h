@@ -100,6 +100,12 @@ class Client {
   std::vector<std::unique_ptr<Handle>> idle_;
 };
 
+// Why `endpoint` cannot be an S3 endpoint, "" when it can: it must be an
+// http:// or https:// URL of a host and an optional port, nothing else (a
+// path, a query, a user name or a bad port would break each request's URL
+// or signature), as libcurl's URL parser reads it.
+std::string EndpointProblem(const std::string& endpoint);
+
 // Percent-encodes for a URL path ('/' kept) or a query value ('/' encoded),
 // as SigV4 requires (unreserved: A-Z a-z 0-9 - _ . ~).
 std::string UriEncode(std::string_view s, bool keep_slash);

@@ -169,6 +169,11 @@ TEST_F(S3UriTest, MalformedPartsAreRefusedByName) {
            Case{"s3://bucket/x?parallel=0", "parallel"},
            Case{"s3://bucket/x?lease_ms=10", "lease_ms"},
            Case{"s3://bucket/x?endpoint=ftp://host", "endpoint"},
+           Case{"s3://bucket/x?endpoint=http://127.0.0.1:9000-b", "endpoint"},
+           Case{"s3://bucket/x?endpoint=http://host:99999", "endpoint"},
+           Case{"s3://bucket/x?endpoint=http://host:9000/bucket", "endpoint"},
+           Case{"s3://bucket/x?endpoint=http://user@host:9000", "endpoint"},
+           Case{"s3://bucket/x?endpoint=https://", "endpoint"},
            Case{"s3://bucket/x?region=us%20east", "region"},
            Case{"s3://bucket/x?path_style=yes", "path_style"},
        }) {
