@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "ckptio/safetensors.h"
@@ -291,44 +292,42 @@ Result<std::vector<std::shared_ptr<ObjectView>>> CheckpointReader::ViewAll() {
   const std::vector<ObjectEntry>& objects = manifest_.objects;
   const size_t n = objects.size();
   // Opened at once (on a remote store each opening is a round trip), then
-  // kept as Open keeps them.
+  // kept as Open keeps them: those before the first that failed to open.
   std::vector<std::unique_ptr<ObjectReader>> opened(n);
-  std::vector<Status> failed(n, OkStatus());
-  std::atomic<size_t> next{0};
-  RunOnThreads(static_cast<unsigned>(std::min<size_t>(n, kViewAllAtOnce)), [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      if (open_.count(objects[i].name)) continue;
-      auto reader = OpenUncached(objects[i]);
-      if (reader.ok())
-        opened[i] = std::move(*reader);
-      else
-        failed[i] = reader.status();
-    }
-  });
-  bool concurrent_reads = false;
-  for (size_t i = 0; i < n; ++i) {
-    CKPTIO_RETURN_IF_ERROR(failed[i]);
+  size_t unopened = n;
+  const Status open = FirstFailure(
+      n, kViewAllAtOnce,
+      [&](size_t i) -> Status {
+        if (open_.count(objects[i].name)) return OkStatus();
+        CKPTIO_ASSIGN_OR_RETURN(opened[i], OpenUncached(objects[i]));
+        return OkStatus();
+      },
+      &unopened);
+  unsigned concurrent = 1;
+  for (size_t i = 0; i < unopened; ++i) {
     if (opened[i]) open_.emplace(objects[i].name, std::move(opened[i]));
-    concurrent_reads |= open_.at(objects[i].name)->ConcurrentReads() > 1;
+    concurrent = std::max(concurrent, open_.at(objects[i].name)->ConcurrentReads());
   }
-  // Viewed several at once where reads are round trips (the backend takes
-  // concurrent reads), else one by one: each View is parallel within.
-  // Nothing below changes open_. Objects after one that failed are left.
-  std::vector<Result<std::shared_ptr<ObjectView>>> views(n, Status(Code::kInternal, "unused"));
-  std::atomic<uint64_t> first_bad{n};
-  next = 0;
-  auto view = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n && i < first_bad.load();) {
-      views[i] = View(objects[i].name);
-      if (!views[i].ok()) LowerTo(first_bad, i);
-    }
-  };
-  RunOnThreads(concurrent_reads ? static_cast<unsigned>(std::min<size_t>(n, kViewAllAtOnce)) : 1,
-               view);
-  if (first_bad.load() < n) return views[first_bad.load()].status();
-  std::vector<std::shared_ptr<ObjectView>> out;
-  for (auto& v : views) out.push_back(std::move(*v));
-  return out;
+  // Viewed several at once where reads are round trips (readers that take
+  // concurrent reads), keeping about 16 reads in flight; else one by one,
+  // each View parallel within. Nothing below changes open_. A tensor
+  // file's safetensors header must agree with the manifest, as for
+  // VerifyObject.
+  std::set<std::string_view> with_tensors;
+  for (const TensorEntry& t : manifest_.tensors) with_tensors.insert(t.object);
+  const unsigned at_once = concurrent > 1 ? std::clamp(16 / concurrent, 1u, kViewAllAtOnce) : 1;
+  std::vector<std::shared_ptr<ObjectView>> views(n);
+  CKPTIO_RETURN_IF_ERROR(FirstFailure(unopened, at_once, [&](size_t i) -> Status {
+    const std::string& name = objects[i].name;
+    CKPTIO_ASSIGN_OR_RETURN(views[i], View(name));
+    if (!with_tensors.count(name)) return OkStatus();
+    return CheckSafetensorsObject(
+               manifest_, name,
+               std::string_view(views[i]->data(), static_cast<size_t>(views[i]->size())))
+        .WithContext("store " + backend_->Uri());
+  }));
+  CKPTIO_RETURN_IF_ERROR(open);
+  return views;
 }
 
 Status CheckpointReader::VerifyObject(std::string_view name, const ProgressFn& progress) {

@@ -76,4 +76,24 @@ void RunOnThreads(unsigned threads, const std::function<void()>& work) {
   if (first) std::rethrow_exception(first);
 }
 
+Status FirstFailure(size_t n, unsigned threads, const std::function<Status(size_t)>& each,
+                    size_t* failed_at) {
+  std::atomic<size_t> next{0}, lowest{n};
+  std::mutex mu;
+  Status failure = OkStatus();  // of item `lowest`, under mu
+  RunOnThreads(static_cast<unsigned>(std::min<size_t>(std::max(threads, 1u), n)), [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n && i < lowest.load();) {
+      Status s = each(i);
+      if (s.ok()) continue;
+      std::lock_guard<std::mutex> g(mu);
+      if (i < lowest.load()) {
+        lowest = i;
+        failure = std::move(s);
+      }
+    }
+  });
+  if (failed_at) *failed_at = lowest.load();
+  return failure;
+}
+
 }  // namespace ckptio

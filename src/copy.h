@@ -1,6 +1,7 @@
 // Large memory copies (internal): staging for SaveAsync, loads into
-// existing parameters; and the helper threads they and the verified view's
-// hashing share (RunOnThreads).
+// existing parameters; and the helper threads they, the verified view's
+// hashing and the object lookups of commits and loads share (RunOnThreads,
+// FirstFailure).
 #ifndef CKPTIO_SRC_COPY_H_
 #define CKPTIO_SRC_COPY_H_
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "ckptio/export.h"
+#include "ckptio/status.h"
 
 namespace ckptio {
 
@@ -38,6 +40,14 @@ CKPTIO_EXPORT_PRIVATE void ParallelCopy(const std::vector<CopyJob>& jobs);
 // that leaves a run, on any thread, is rethrown here once every run
 // returned (the first one, if several).
 CKPTIO_EXPORT_PRIVATE void RunOnThreads(unsigned threads, const std::function<void()>& work);
+
+// Runs `each(i)` for i in [0, n), handed out in order to this thread and up
+// to `threads` - 1 helpers (RunOnThreads), none past the lowest i whose call
+// failed, and returns that failure (its i in *failed_at, n if none), else
+// OK: the error going one by one would have met first.
+CKPTIO_EXPORT_PRIVATE Status FirstFailure(size_t n, unsigned threads,
+                                          const std::function<Status(size_t)>& each,
+                                          size_t* failed_at = nullptr);
 
 }  // namespace ckptio
 

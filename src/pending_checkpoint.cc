@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -319,17 +318,10 @@ Status CheckObject(StorageBackend& backend, const std::string& dir, const Manife
 Status CheckObjects(StorageBackend& backend, const std::string& dir, const Manifest& m) {
   std::set<std::string_view> with_tensors;
   for (const TensorEntry& t : m.tensors) with_tensors.insert(t.object);
-  const size_t n = m.objects.size();
-  std::vector<Status> checked(n, OkStatus());
-  std::atomic<size_t> next{0};
-  RunOnThreads(static_cast<unsigned>(std::min<size_t>(n, kCheckThreads)), [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      const ObjectEntry& e = m.objects[i];
-      checked[i] = CheckObject(backend, dir, m, e, with_tensors.count(e.name) > 0);
-    }
+  return FirstFailure(m.objects.size(), kCheckThreads, [&](size_t i) {
+    const ObjectEntry& e = m.objects[i];
+    return CheckObject(backend, dir, m, e, with_tensors.count(e.name) > 0);
   });
-  for (const Status& s : checked) CKPTIO_RETURN_IF_ERROR(s);
-  return OkStatus();
 }
 }  // namespace
 

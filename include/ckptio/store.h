@@ -103,10 +103,13 @@ class CKPTIO_EXPORT CheckpointReader {
   // the caller's and outlives the reader. Errors as Read (nothing is
   // returned on a mismatch).
   Result<std::shared_ptr<ObjectView>> View(std::string_view name, unsigned threads = 0);
-  // View of every object, in the manifest's order: the objects opened up
-  // to 4 at once, and where the backend takes concurrent reads (an object
-  // store, where each read is a round trip) also viewed up to 4 at once;
-  // elsewhere one after another. The first error in the manifest's order.
+  // View of every object, in the manifest's order, each tensor file's
+  // safetensors header checked against the manifest (as VerifyObject
+  // does): the objects opened up to 4 at once, and where the readers take
+  // concurrent reads (an object store, where each read is a round trip)
+  // viewed up to 4 at once too (fewer where each takes more than 4);
+  // elsewhere one after another. The error going one by one would meet
+  // first; objects after it are not read.
   Result<std::vector<std::shared_ptr<ObjectView>>> ViewAll();
 
   // Reads and checks every chunk and the whole-object hash of `name`. On a

@@ -30,30 +30,21 @@ struct OpenedStep {
     auto it = views.find(object);
     if (it != views.end()) return it->second;
     CKPTIO_ASSIGN_OR_RETURN(auto view, reader->View(object));
-    return Keep(object, std::move(view));
-  }
-
-  // Every object (CheckpointReader::ViewAll): what deciding that a step is
-  // good takes.
-  Status ViewAll() {
-    CKPTIO_ASSIGN_OR_RETURN(auto all, reader->ViewAll());
-    const auto& objects = reader->manifest().objects;
-    for (size_t i = 0; i < objects.size(); ++i)
-      CKPTIO_RETURN_IF_ERROR(Keep(objects[i].name, std::move(all[i])).status());
-    return OkStatus();
-  }
-
- private:
-  // `view` of `object` kept, once its safetensors header (for a tensor
-  // file) agrees with the manifest.
-  Result<std::shared_ptr<ObjectView>> Keep(const std::string& object,
-                                           std::shared_ptr<ObjectView> view) {
     const Manifest& m = reader->manifest();
     if (std::any_of(m.tensors.begin(), m.tensors.end(),
                     [&](const TensorEntry& t) { return t.object == object; }))
       CKPTIO_RETURN_IF_ERROR(CheckSafetensorsObject(
           m, object, std::string_view(view->data(), static_cast<size_t>(view->size()))));
     return views.emplace(object, std::move(view)).first->second;
+  }
+
+  // Every object, headers checked too (CheckpointReader::ViewAll): what
+  // deciding that a step is good takes.
+  Status ViewAll() {
+    CKPTIO_ASSIGN_OR_RETURN(auto all, reader->ViewAll());
+    const auto& objects = reader->manifest().objects;
+    for (size_t i = 0; i < objects.size(); ++i) views.emplace(objects[i].name, std::move(all[i]));
+    return OkStatus();
   }
 };
 
