@@ -211,6 +211,9 @@ Result<std::unique_ptr<StorageBackend>> NewS3Backend(S3Options options) {
     return Status(Code::kInvalidArgument, "S3Options: part_bytes must be within [5 MiB, 1 GiB]");
   if (options.parallel < 1 || options.parallel > 64)
     return Status(Code::kInvalidArgument, "S3Options: parallel must be within [1, 64]");
+  if (const std::string why = s3::EndpointProblem(options.endpoint); !why.empty())
+    return Status(Code::kInvalidArgument,
+                  "S3Options: the endpoint \"" + options.endpoint + "\" " + why);
   if (options.timeout.count() <= 0 || options.lease.count() < 1000)
     return Status(Code::kInvalidArgument,
                   "S3Options: timeout must be positive and lease at least 1000 ms");

@@ -22,10 +22,9 @@ constexpr int kTries = 3;
 constexpr size_t kMaxBodyBytes = size_t{64} << 20;
 // libcurl 7.88 sends "Expect: 100-continue" with every PUT and holds the
 // body back until the server's "100 Continue", one round trip more. A body
-// up to this size goes at once (curl 8 no longer asks for bodies this
-// small): a record, a manifest or a small object costs one round trip. A
-// larger part still waits, so that a refused request does not send its
-// bytes for nothing.
+// up to this size goes at once: a record, a manifest or a small object
+// costs one round trip. A larger part still waits, so that a refused
+// request does not send its bytes for nothing.
 constexpr size_t kSendAtOnceBytes = size_t{1} << 20;
 
 void GlobalInit() {

@@ -102,6 +102,11 @@ TEST_F(S3UriTest, TheUriWinsOverTheEnvironment) {
       "&parallel=16&lease_ms=4000&path_style=0");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->endpoint, "http://rgw.local:7480");
+  for (const char* endpoint : {"http://[::1]:9000", "https://rgw.local/", "http://10.0.0.1"}) {
+    auto other = Parse(std::string("s3://b12/p?endpoint=") + endpoint);
+    ASSERT_TRUE(other.ok()) << endpoint << ": " << other.status();
+    EXPECT_EQ(other->endpoint, endpoint);
+  }
   EXPECT_EQ(o->region, "us-west-2");
   EXPECT_EQ(o->timeout.count(), 2500);
   EXPECT_EQ(o->part_bytes, uint64_t{8} << 20);
