@@ -150,7 +150,7 @@ Result<uint64_t> Head(Client& client, const std::string& full_key, Deadline dead
   return *n;
 }
 
-// The first bytes of an object (up to kHeadBytes) and its size, from one
+// The first bytes of an object (up to `bytes`) and its size, from one
 // ranged GET: a record no longer than that (LATEST, .writer) is read from
 // one version of its key, where a HEAD and a later GET could see two. (For
 // a larger object, later ranges may come from a newer version: the
@@ -160,9 +160,10 @@ struct Opened {
   std::string head;
 };
 
-Result<Opened> GetHead(Client& client, const std::string& full_key, Deadline deadline) {
+Result<Opened> GetHead(Client& client, const std::string& full_key, Deadline deadline,
+                       size_t bytes = kHeadBytes) {
   Opened o;
-  o.head.resize(kHeadBytes);
+  o.head.resize(bytes);
   const std::string what = client.Where(full_key);
   Request r;
   CKPTIO_ASSIGN_OR_RETURN(Response got, SendRange(client, r, full_key, 0, o.head.data(),
@@ -184,7 +185,7 @@ Result<Opened> GetHead(Client& client, const std::string& full_key, Deadline dea
       return Status(Code::kUnavailable, what + ": the server answered " +
                                             std::to_string(got.received) +
                                             " bytes with Content-Range \"" + range +
-                                            "\" for the first " + std::to_string(kHeadBytes));
+                                            "\" for the first " + std::to_string(bytes));
     o.size = *size;
   } else {
     return Unexpected(client, r, got);
@@ -592,7 +593,8 @@ Status PutExclusive(Client& client, const std::string& full_key, std::string_vie
   // which resends a request on its own when a reused connection dies before
   // the answer (7.88 cannot be told not to; attempts does not count those).
   // Whatever we create exclusively is unique to its writer, so the stored
-  // bytes tell.
+  // bytes tell: asked for one byte more than ours, a ranged GET brings
+  // them and the stored size at once.
   auto taken = [&] {
     return Status(Code::kAlreadyExists,
                   client.Where(full_key) + " already exists (created by another writer)");
@@ -603,15 +605,10 @@ Status PutExclusive(Client& client, const std::string& full_key, std::string_vie
                                           "unknown: reading it back failed: " +
                                           why.message());
   };
-  auto size = Head(client, full_key, deadline);
-  if (!size.ok()) return size.status().code() == Code::kNotFound ? taken() : unknown(size.status());
-  if (*size != bytes.size()) return taken();
-  if (bytes.empty()) return OkStatus();
-  std::string stored(bytes.size(), '\0');
-  Status read = GetRange(client, full_key, 0, stored.data(), stored.size(), deadline);
-  if (read.code() == Code::kNotFound || read.code() == Code::kDataLoss) return taken();  // replaced
-  if (!read.ok()) return unknown(read);
-  return stored == bytes ? OkStatus() : taken();
+  auto stored = GetHead(client, full_key, deadline, bytes.size() + 1);
+  if (!stored.ok())  // (not found: deleted since)
+    return stored.status().code() == Code::kNotFound ? taken() : unknown(stored.status());
+  return stored->size == bytes.size() && stored->head == bytes ? OkStatus() : taken();
 }
 
 Result<std::unique_ptr<ObjectWriter>> Objects::NewObject(std::string_view key, WriteMode mode) {
