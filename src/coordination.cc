@@ -48,18 +48,25 @@ Status WaitInterrupt::Check() {
   return in->stopped_;
 }
 
-bool Coordinator::Backoff::Wait() {
-  interrupted_ = WaitInterrupt::Check();
-  if (!interrupted_.ok()) return false;
-  auto now = std::chrono::steady_clock::now();
-  if (now >= deadline_) return false;
-  auto sleep = std::min<std::chrono::steady_clock::duration>(delay_, deadline_ - now);
-  std::this_thread::sleep_for(sleep);
-  delay_ = std::min<std::chrono::microseconds>(delay_ * 2, std::chrono::milliseconds(50));
+bool Backoff::Wait() {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point now = Clock::now();
+  const bool expired = now >= deadline_;
+  const Clock::time_point wake =
+      expired ? now : now + std::min<Clock::duration>(delay_, deadline_ - now);
+  while (true) {
+    interrupted_ = WaitInterrupt::Check();
+    if (!interrupted_.ok() || expired) return false;
+    if (now >= wake) break;
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(wake - now, std::chrono::milliseconds(50)));
+    now = Clock::now();
+  }
+  delay_ = std::min(delay_ * 2, max_delay_);
   return true;
 }
 
-Status Coordinator::Backoff::Stopped(Status timed_out) const {
+Status Backoff::Stopped(Status timed_out) const {
   return interrupted_.ok() ? timed_out : interrupted_;
 }
 

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "ckptio/coordination.h"
 #include "ckptio/log.h"
@@ -204,8 +203,12 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
                                               " is not within world_size " +
                                               std::to_string(options.world_size));
 
-  // 1. The lock, waiting up to lock_wait.
-  const auto deadline = DeadlineAfter(options.lock_wait);  // (saturating: max() is for ever)
+  // 1. The lock, waiting up to lock_wait. Tries come closer together where
+  // one is a system call (a file lock) than where it is requests to a
+  // server (a lease, on NFS or an object store, whose holder renews it or
+  // lets it go stale over seconds).
+  Backoff backoff(DeadlineAfter(options.lock_wait),  // (saturating: max() is for ever)
+                  std::chrono::milliseconds(backend_->LocksAreLeases() ? 1000 : 20));
   std::unique_ptr<BackendLock> lock;
   while (true) {
     auto got = backend_->TryLock(kLockKey);
@@ -213,22 +216,19 @@ Result<std::unique_ptr<StoreWriter>> Store::OpenWriter(const WriterOptions& opti
       lock = std::move(*got);
       break;
     }
-    if (got.status().code() != Code::kFailedPrecondition ||
-        std::chrono::steady_clock::now() >= deadline) {
-      if (got.status().code() != Code::kFailedPrecondition) return got.status();
-      std::string holder = "unknown";
-      auto rec = LoadWriterRecord(*backend_);
-      if (rec.ok())
-        holder = "host " + rec->host + ", pid " + std::to_string(rec->pid) + ", generation " +
-                 std::to_string(rec->generation);
-      return Status(Code::kFailedPrecondition,
-                    "store " + uri() + " already has a writer (last recorded writer: " + holder +
-                        "; " + got.status().message() +
-                        "). ckptio allows one writer per store: wait for it to finish, "
-                        "stop it, or raise the writer's lock wait");
-    }
-    CKPTIO_RETURN_IF_ERROR(WaitInterrupt::Check());
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (got.status().code() != Code::kFailedPrecondition) return got.status();
+    if (backoff.Wait()) continue;
+    CKPTIO_RETURN_IF_ERROR(backoff.Stopped(OkStatus()));  // interrupted
+    std::string holder = "unknown";
+    auto rec = LoadWriterRecord(*backend_);
+    if (rec.ok())
+      holder = "host " + rec->host + ", pid " + std::to_string(rec->pid) + ", generation " +
+               std::to_string(rec->generation);
+    return Status(Code::kFailedPrecondition,
+                  "store " + uri() + " already has a writer (last recorded writer: " + holder +
+                      "; " + got.status().message() +
+                      "). ckptio allows one writer per store: wait for it to finish, "
+                      "stop it, or raise the writer's lock wait");
   }
 
   auto core = std::make_shared<WriterCore>();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ckptio/ckptio.h"
+#include "ckptio/coordination.h"
 #include "ckptio/posix_backend.h"
 #include "process.h"
 #include "test_util.h"
@@ -399,6 +400,60 @@ TEST_F(WriterLockTest, WaiterGetsTheLockWhenTheHolderExits) {
   EXPECT_LT(took, milliseconds(4000));
   EXPECT_GT((*w)->generation(), child_gen);
   EXPECT_EQ(child.ExitCode(milliseconds(5000)), kChildGotWriter);
+}
+
+// A backend whose writer lock is held by someone else until `free_after`
+// from its making, counting OpenWriter's tries; then it is the store's own.
+class HeldLockBackend : public testing::ForwardingBackend {
+ public:
+  HeldLockBackend(std::shared_ptr<StorageBackend> inner, bool leases, milliseconds free_after)
+      : ForwardingBackend(std::move(inner)), leases_(leases), free_at_(Clock::now() + free_after) {}
+  bool LocksAreLeases() const override { return leases_; }
+  Result<std::unique_ptr<BackendLock>> TryLock(std::string_view key, LockMode mode) override {
+    ++tries;
+    if (Clock::now() < free_at_) return Status(Code::kFailedPrecondition, "held by the test");
+    return ForwardingBackend::TryLock(key, mode);
+  }
+  int tries = 0;
+
+ private:
+  const bool leases_;
+  const Clock::time_point free_at_;
+};
+
+// A writer waiting for the lock tries again sooner where a try is a system
+// call (a file lock: within 20 ms) than where it is requests to a server (a
+// lease: the pause grows to 1 s, not 50 tries a second for as long as a
+// save holds the store), and either way takes the lock within its pause of
+// its release. However long the pause, an interrupt (Ctrl-C in Python) is
+// seen within 50 ms.
+TEST_F(WriterLockTest, ALeaseIsAskedForLessOftenThanAFileLockAndBothAreTakenOnRelease) {
+  for (bool leases : {false, true}) {
+    SCOPED_TRACE(leases ? "leases" : "file locks");
+    auto backend = std::make_shared<HeldLockBackend>(Posix(), leases, milliseconds(2500));
+    Store store(backend);
+    const auto t0 = Clock::now();
+    auto w = store.OpenWriter(Wait(milliseconds(30000)));
+    const auto took = Clock::now() - t0;
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_GE(took, milliseconds(2500));
+    EXPECT_LT(took, milliseconds(leases ? 3500 + 500 : 2500 + 500))
+        << "the released lock was taken late";
+    // 2.5 s of tries: every 20 ms, over 120; 1 ms doubling to 1 s, 13.
+    if (leases)
+      EXPECT_LE(backend->tries, 16) << "a lease was asked for too often";
+    else
+      EXPECT_GE(backend->tries, 60) << "a file lock was asked for too seldom";
+  }
+  const auto t0 = Clock::now();
+  WaitInterrupt interrupt([&] {
+    return Clock::now() - t0 < milliseconds(600) ? OkStatus() : Status(Code::kAborted, "stop");
+  });
+  auto backend = std::make_shared<HeldLockBackend>(Posix(), true, milliseconds(30000));
+  auto w = Store(backend).OpenWriter(Wait(milliseconds(30000)));
+  EXPECT_EQ(w.status().code(), Code::kAborted) << w.status();
+  // Within the pause of 512 ms that began at about 511 ms, not at its end.
+  EXPECT_LT(Clock::now() - t0, milliseconds(900)) << "the interrupt waited for the pause";
 }
 
 TEST_F(WriterLockTest, FencedWriterCannotCommit) {

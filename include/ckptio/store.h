@@ -260,7 +260,10 @@ class CKPTIO_EXPORT StripeWriter {
 };
 
 struct CKPTIO_EXPORT WriterOptions {
-  // How long OpenWriter waits for another writer to release the lock.
+  // How long OpenWriter waits for another writer to release the lock. It
+  // tries again after 1 ms, then twice as long each time up to 20 ms (a
+  // file lock) or 1 s (where locks are leases: each try is requests to a
+  // server), so a lock let go is taken within about that.
   std::chrono::milliseconds lock_wait{0};
   // Keep this many newest committed steps after each commit; 0 keeps all.
   int keep_last = 0;
