@@ -289,8 +289,14 @@ Result<std::shared_ptr<ObjectView>> CheckpointReader::View(std::string_view name
 }
 
 Result<std::vector<std::shared_ptr<ObjectView>>> CheckpointReader::ViewAll() {
-  const std::vector<ObjectEntry>& objects = manifest_.objects;
-  const size_t n = objects.size();
+  std::vector<std::string> names;
+  for (const ObjectEntry& o : manifest_.objects) names.push_back(o.name);
+  return ViewAll(names);
+}
+
+Result<std::vector<std::shared_ptr<ObjectView>>> CheckpointReader::ViewAll(
+    const std::vector<std::string>& names) {
+  const size_t n = names.size();
   // Opened at once (on a remote store each opening is a round trip), then
   // kept as Open keeps them: those before the first that failed to open.
   std::vector<std::unique_ptr<ObjectReader>> opened(n);
@@ -298,15 +304,17 @@ Result<std::vector<std::shared_ptr<ObjectView>>> CheckpointReader::ViewAll() {
   const Status open = FirstFailure(
       n, kViewAllAtOnce,
       [&](size_t i) -> Status {
-        if (open_.count(objects[i].name)) return OkStatus();
-        CKPTIO_ASSIGN_OR_RETURN(opened[i], OpenUncached(objects[i]));
+        CKPTIO_ASSIGN_OR_RETURN(const ObjectEntry* e,
+                                FindObject(manifest_, names[i], backend_->Uri()));
+        if (open_.count(names[i])) return OkStatus();
+        CKPTIO_ASSIGN_OR_RETURN(opened[i], OpenUncached(*e));
         return OkStatus();
       },
       &unopened);
   unsigned concurrent = 1;
   for (size_t i = 0; i < unopened; ++i) {
-    if (opened[i]) open_.emplace(objects[i].name, std::move(opened[i]));
-    concurrent = std::max(concurrent, open_.at(objects[i].name)->ConcurrentReads());
+    if (opened[i]) open_.emplace(names[i], std::move(opened[i]));
+    concurrent = std::max(concurrent, open_.at(names[i])->ConcurrentReads());
   }
   // Viewed several at once where reads are round trips (readers that take
   // concurrent reads), keeping about 16 reads in flight; else one by one,
@@ -318,7 +326,7 @@ Result<std::vector<std::shared_ptr<ObjectView>>> CheckpointReader::ViewAll() {
   const unsigned at_once = concurrent > 1 ? std::clamp(16 / concurrent, 1u, kViewAllAtOnce) : 1;
   std::vector<std::shared_ptr<ObjectView>> views(n);
   CKPTIO_RETURN_IF_ERROR(FirstFailure(unopened, at_once, [&](size_t i) -> Status {
-    const std::string& name = objects[i].name;
+    const std::string& name = names[i];
     CKPTIO_ASSIGN_OR_RETURN(views[i], View(name));
     if (!with_tensors.count(name)) return OkStatus();
     return CheckSafetensorsObject(

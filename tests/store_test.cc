@@ -23,6 +23,7 @@
 namespace ckptio {
 namespace {
 
+using testing::Gate;
 using testing::RandomBytes;
 using testing::TempDir;
 
@@ -816,41 +817,6 @@ TEST_F(StoreTest, AnObjectErrorIsReportedByCommitWithItsCode) {
   CKPTIO_EXPECT_OK(p->Commit().status());
 }
 
-// Once started for n, holds each caller of Pass() until n have begun (or
-// a second has passed), and counts how many were under way at once.
-class Gate {
- public:
-  void Start(int n) {
-    std::lock_guard<std::mutex> g(mu_);
-    on_ = true;
-    expected_ = n;
-    begun_ = most_at_once_ = 0;
-  }
-  void Stop() {
-    std::lock_guard<std::mutex> g(mu_);
-    on_ = false;
-  }
-  int most_at_once() {
-    std::lock_guard<std::mutex> g(mu_);
-    return most_at_once_;
-  }
-  void Pass() {
-    std::unique_lock<std::mutex> g(mu_);
-    if (!on_) return;
-    ++begun_;
-    most_at_once_ = std::max(most_at_once_, ++under_way_);
-    cv_.notify_all();
-    cv_.wait_for(g, std::chrono::seconds(1), [&] { return begun_ >= expected_; });
-    --under_way_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool on_ = false;
-  int expected_ = 0, begun_ = 0, under_way_ = 0, most_at_once_ = 0;
-};
-
 // The last component of `key`.
 std::string NameOf(std::string_view key) { return std::string(key.substr(key.rfind('/') + 1)); }
 
@@ -929,10 +895,11 @@ class RoundTripReads : public testing::ForwardingBackend {
   unsigned concurrent = 1;
 };
 
-// ViewAll opens a step's objects at once; where reads are round trips
-// (readers that take several at once) it reads them at once too, else one
-// after another; every byte verified either way, and of two damaged
-// objects the first by name is the one reported, as going one by one.
+// ViewAll opens a step's objects (or those named) at once; where reads
+// are round trips (readers that take several at once) it reads them at once
+// too, else one after another; every byte verified either way, and of two
+// damaged objects the first by name is the one reported, as going one by
+// one.
 TEST_F(StoreTest, ViewAllOpensObjectsAtOnceAndReadsThemAtOnceWhereReadsAreRoundTrips) {
   const std::map<std::string, std::string> objects = {{"a", RandomBytes(5000, 1)},
                                                       {"b", RandomBytes(6000, 2)},
@@ -966,6 +933,27 @@ TEST_F(StoreTest, ViewAllOpensObjectsAtOnceAndReadsThemAtOnceWhereReadsAreRoundT
     }
     EXPECT_EQ(backend->opens.most_at_once(), 4);
     EXPECT_EQ(backend->reads.most_at_once(), concurrent == 1 ? 1 : 4);
+  }
+  {
+    // Some of them, in the order asked, likewise; a name the step lacks
+    // is NotFound, naming it.
+    backend->concurrent = 4;
+    CKPTIO_ASSERT_OK_AND_ASSIGN(auto r, store.OpenStep(1));
+    backend->opens.Start(2);
+    backend->reads.Start(2);
+    auto views = r->ViewAll({"d", "b"});
+    backend->opens.Stop();
+    backend->reads.Stop();
+    ASSERT_TRUE(views.ok()) << views.status();
+    ASSERT_EQ(views->size(), 2u);
+    EXPECT_EQ(std::string((*views)[0]->data(), (*views)[0]->size()), objects.at("d"));
+    EXPECT_EQ(std::string((*views)[1]->data(), (*views)[1]->size()), objects.at("b"));
+    EXPECT_EQ(backend->opens.most_at_once(), 2);
+    EXPECT_EQ(backend->reads.most_at_once(), 2);
+    auto unknown = r->ViewAll({"a", "zz", "c"});
+    EXPECT_EQ(unknown.status().code(), Code::kNotFound) << unknown.status();
+    EXPECT_NE(unknown.status().message().find("no object \"zz\""), std::string::npos)
+        << unknown.status();
   }
   // b damaged, d gone: b is the error going one by one, though d's opening
   // fails before b is read.

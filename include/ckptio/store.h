@@ -111,6 +111,9 @@ class CKPTIO_EXPORT CheckpointReader {
   // elsewhere one after another. The error going one by one would meet
   // first; objects after it are not read.
   Result<std::vector<std::shared_ptr<ObjectView>>> ViewAll();
+  // The same for the objects `names`, in that order (NotFound for a name
+  // the manifest lacks, where going one by one would meet it).
+  Result<std::vector<std::shared_ptr<ObjectView>>> ViewAll(const std::vector<std::string>& names);
 
   // Reads and checks every chunk and the whole-object hash of `name`. On a
   // map (local files), chunks are hashed on up to 3 helper threads while the

@@ -126,11 +126,29 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
   // an item of the State takes one; a name in two parts (no writer makes
   // one), the first listed. (Pointers sorted, not a tree of copied names:
   // 10,000 tensors cost a load milliseconds that way.)
-  std::vector<const TensorEntry*> loose_saved;
-  if (kind_of("tensors") != "module" &&
+  const bool wants_loose =
+      kind_of("tensors") != "module" &&
       (other_tensors || std::any_of(state.items.begin(), state.items.end(), [](const StateItem& i) {
          return i.kind() == StateItem::Kind::kTensor;
-       }))) {
+       }));
+  // The objects the items take, and their stripes' parts, viewed at once
+  // first (on an object store each is round trips; a rank other than 0
+  // has viewed none yet).
+  std::set<std::string> bases;
+  if (wants_loose) bases.insert(kTensorsObject);
+  for (const StateItem& item : state.items) {
+    const std::string kind = kind_of(item.name());
+    if (item.kind() == StateItem::Kind::kModule && kind == "module")
+      bases.insert(ModuleObject(item.name()));
+    if (item.kind() == StateItem::Kind::kOptimizer && kind.rfind("optimizer", 0) == 0)
+      bases.insert(OptimizerObject(item.name()));
+  }
+  std::vector<std::string> wanted;
+  for (const ObjectEntry& o : reader.manifest().objects)
+    if (bases.count(StripeBaseObject(reader.manifest(), o.name))) wanted.push_back(o.name);
+  CKPTIO_RETURN_IF_ERROR(opened.ViewAll(wanted));
+  std::vector<const TensorEntry*> loose_saved;
+  if (wants_loose) {
     const std::string* object = nullptr;  // entries come object by object
     bool loose_object = false;
     for (const auto& t : reader.manifest().tensors) {

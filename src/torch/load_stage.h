@@ -38,13 +38,22 @@ struct OpenedStep {
     return views.emplace(object, std::move(view)).first->second;
   }
 
-  // Every object, headers checked too (CheckpointReader::ViewAll): what
-  // deciding that a step is good takes.
-  Status ViewAll() {
-    CKPTIO_ASSIGN_OR_RETURN(auto all, reader->ViewAll());
-    const auto& objects = reader->manifest().objects;
-    for (size_t i = 0; i < objects.size(); ++i) views.emplace(objects[i].name, std::move(all[i]));
+  // Views of `objects` (CheckpointReader::ViewAll: at once where reads are
+  // round trips, headers checked too), those not viewed yet.
+  Status ViewAll(const std::vector<std::string>& objects) {
+    std::vector<std::string> unviewed;
+    for (const std::string& o : objects)
+      if (!views.count(o)) unviewed.push_back(o);
+    if (unviewed.empty()) return OkStatus();
+    CKPTIO_ASSIGN_OR_RETURN(auto got, reader->ViewAll(unviewed));
+    for (size_t i = 0; i < unviewed.size(); ++i) views.emplace(unviewed[i], std::move(got[i]));
     return OkStatus();
+  }
+  // Every object: what deciding that a step is good takes.
+  Status ViewAll() {
+    std::vector<std::string> all;
+    for (const ObjectEntry& o : reader->manifest().objects) all.push_back(o.name);
+    return ViewAll(all);
   }
 };
 

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +47,41 @@ std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& bytes);
 // Flips bit `bit` (0-7) of byte `offset` in place.
 void FlipBit(const std::string& path, uint64_t offset, int bit);
+
+// Once started for n, holds each caller of Pass() until n have begun (or
+// a second has passed), and counts how many were under way at once.
+class Gate {
+ public:
+  void Start(int n) {
+    std::lock_guard<std::mutex> g(mu_);
+    on_ = true;
+    expected_ = n;
+    begun_ = most_at_once_ = 0;
+  }
+  void Stop() {
+    std::lock_guard<std::mutex> g(mu_);
+    on_ = false;
+  }
+  int most_at_once() {
+    std::lock_guard<std::mutex> g(mu_);
+    return most_at_once_;
+  }
+  void Pass() {
+    std::unique_lock<std::mutex> g(mu_);
+    if (!on_) return;
+    ++begun_;
+    most_at_once_ = std::max(most_at_once_, ++under_way_);
+    cv_.notify_all();
+    cv_.wait_for(g, std::chrono::seconds(1), [&] { return begun_ >= expected_; });
+    --under_way_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool on_ = false;
+  int expected_ = 0, begun_ = 0, under_way_ = 0, most_at_once_ = 0;
+};
 
 // Forwards every call to another backend; a test overrides what it changes.
 class ForwardingBackend : public StorageBackend {

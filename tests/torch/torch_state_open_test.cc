@@ -3,6 +3,8 @@
 // step retired), the one-liners, CUDA round trips. See
 // torch_state_test_util.h.
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -324,6 +326,90 @@ TEST(TorchStateTest, ARankWhoseChosenStepWasRetiredSaysWhy) {
     EXPECT_NE(m.find("collective"), std::string::npos) << m;
     EXPECT_EQ(m.find("open LATEST again"), std::string::npos) << m;
     EXPECT_EQ(retiring->retire, -1) << "the test's deletion never ran";
+  }
+}
+
+// Reports which of a step's data objects are opened, and how many at once
+// (each opening waits up to a second for the others, testing::Gate); its
+// readers take several reads at once, as an object store's do.
+class RoundTripOpens : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Result<std::unique_ptr<ObjectReader>> OpenObject(std::string_view key) override {
+    const std::string name(key.substr(key.rfind('/') + 1));
+    if (name.find(".safetensors") != std::string::npos ||
+        name.find(".optim.pt") != std::string::npos) {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        opened.insert(name);
+      }
+      opens.Pass();
+    }
+    struct Reader : ObjectReader {
+      std::unique_ptr<ObjectReader> inner;
+      uint64_t Size() const override { return inner->Size(); }
+      Status ReadAt(uint64_t offset, void* buf, size_t size) override {
+        return inner->ReadAt(offset, buf, size);
+      }
+      unsigned ConcurrentReads() const override { return 4; }
+    };
+    auto r = std::make_unique<Reader>();
+    CKPTIO_ASSIGN_OR_RETURN(r->inner, ForwardingBackend::OpenObject(key));
+    return std::unique_ptr<ObjectReader>(std::move(r));
+  }
+
+  testing::Gate opens;
+  std::mutex mu;
+  std::set<std::string> opened;
+};
+
+// A rank other than 0, which has viewed nothing of the step rank 0 chose,
+// opens the objects its state takes at once (on an object store, each
+// opening and each read is a round trip), and only those.
+TEST(TorchStateTest, ARankOtherThanZeroOpensTheObjectsItLoadsAtOnce) {
+  TempDir dir;
+  auto rank = [](int r) { return RankOfTwo(r, "objects-at-once-test"); };
+  CheckpointerOptions o;
+  o.timeout = std::chrono::seconds(10);
+  auto ck0 = Checkpointer::Open(dir.Sub("store"), rank(0), o);
+  auto counting = std::make_shared<RoundTripOpens>(
+      std::shared_ptr<StorageBackend>(NewPosixBackend(dir.Sub("store")).value()));
+  o.backend = counting;
+  auto ck1 = Checkpointer::Open(dir.Sub("store"), rank(1), o);
+  ASSERT_TRUE(ck0.ok() && ck1.ok());
+  Net net;
+  torch::optim::Adam adam(net.parameters());
+  Train(net, adam, 2, 1);
+  torch::Tensor t = torch::arange(100, torch::kFloat32);
+  State saved{{"model", net}, {"optim", adam}, {"t", t}};
+  CKPTIO_ASSERT_OK((*ck0)->Save(1, saved));
+  CKPTIO_ASSERT_OK((*ck1)->Save(1, saved));
+
+  Net net1;
+  torch::optim::Adam adam1(net1.parameters());
+  torch::Tensor t1 = torch::zeros({100});
+  State all{{"model", net1}, {"optim", adam1}, {"t", t1}};
+  State model_only{{"model", net1}};
+  for (State* into : {&all, &model_only}) {
+    const bool whole = into == &all;
+    SCOPED_TRACE(whole ? "module, optimizer and tensor" : "module alone");
+    auto got0 = (*ck0)->Load(saved);
+    ASSERT_TRUE(got0.ok() && got0->step == 1) << got0.status();
+    counting->opened.clear();
+    counting->opens.Start(whole ? 3 : 1);
+    auto got1 = (*ck1)->Load(*into);
+    counting->opens.Stop();
+    ASSERT_TRUE(got1.ok() && got1->step == 1) << got1.status();
+    EXPECT_TRUE(BitEqual(net1.fc1->weight, net.fc1->weight));
+    if (whole) {
+      EXPECT_TRUE(BitEqual(t1, t));
+      EXPECT_EQ(counting->opens.most_at_once(), 3) << "rank 1 opened its objects one by one";
+      EXPECT_EQ(counting->opened, (std::set<std::string>{"model.safetensors", "optim.optim.pt",
+                                                         "tensors.safetensors"}));
+    } else {
+      EXPECT_EQ(counting->opened, std::set<std::string>{"model.safetensors"})
+          << "rank 1 read objects its state does not take";
+    }
   }
 }
 
