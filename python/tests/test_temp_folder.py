@@ -1,0 +1,30 @@
+"""The suite's own check (conftest.py): a temporary folder on a network or
+FUSE file system stops the run, saying why; a local one does not."""
+import types
+
+import pytest
+
+import conftest
+
+
+def config(basetemp):
+    return types.SimpleNamespace(option=types.SimpleNamespace(basetemp=str(basetemp)))
+
+
+def test_file_system_types_are_read_from_the_mount_table():
+    assert conftest.file_system_type("/proc/self") == "proc"
+    assert conftest.file_system_type("/sys/kernel") in ("sysfs", "securityfs", "debugfs",
+                                                         "tracefs", "configfs")
+
+
+def test_a_temporary_folder_on_a_network_file_system_stops_the_run(tmp_path, monkeypatch):
+    kind = conftest.file_system_type(tmp_path)
+    assert kind, "no file system type found for " + str(tmp_path)
+    conftest.pytest_configure(config(tmp_path))  # local here: no error
+    # As if this file system were a network one.
+    monkeypatch.setattr(conftest, "NETWORK_TYPES", conftest.NETWORK_TYPES | {kind})
+    with pytest.raises(pytest.UsageError, match="set TMPDIR to a folder on a local file system"):
+        conftest.pytest_configure(config(tmp_path))
+    monkeypatch.setattr(conftest, "file_system_type", lambda path: "fuse.sshfs")
+    with pytest.raises(pytest.UsageError, match=r"network or FUSE file system \(fuse.sshfs\)"):
+        conftest.pytest_configure(config(tmp_path))
