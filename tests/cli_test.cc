@@ -677,6 +677,30 @@ TEST_F(CliTest, VerifyChecksWhatLatestNames) {
   EXPECT_NE(none.out.find("there is no LATEST"), std::string::npos) << none;
 }
 
+// verify and ls --verify read each step's manifest once for their work
+// (on an object store each read is a round trip or two), plus once in the
+// listing: counted as the process's opens of MANIFEST.json under strace.
+TEST_F(CliTest, VerifyReadsEachManifestOnce) {
+  if (::access("/usr/bin/strace", X_OK) != 0)
+    GTEST_SKIP() << "needs /usr/bin/strace (tools/setup.sh installs it)";
+  ASSERT_NO_FATAL_FAILURE(MakeStore());  // 3 steps
+  const std::string log = tmp_.Sub("strace.log");
+  auto manifest_opens = [&](std::vector<std::string> args) -> int {
+    args.insert(args.begin(), {"/usr/bin/strace", "-f", "-qq", "-e", "trace=open,openat", "-o", log,
+                               bin_dir_ + "/ckptio"});
+    RunResult r = RunCommand(args);
+    EXPECT_EQ(r.exit_code, 0) << r;
+    std::istringstream lines(ReadFile(log));
+    int n = 0;
+    for (std::string line; std::getline(lines, line);)
+      n += line.find("MANIFEST.json\"") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(manifest_opens({"verify", store_}), 1);
+  EXPECT_EQ(manifest_opens({"verify", store_, "--all"}), 2 * 3);
+  EXPECT_EQ(manifest_opens({"ls", store_, "--verify"}), 2 * 3);
+}
+
 // A step that cannot be read (here: permission) is not called corrupt, and
 // fsck --repair (which could not read it either) is not what to do.
 TEST_F(CliTest, UnreadableDataIsNotCalledCorrupt) {

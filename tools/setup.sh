@@ -23,6 +23,7 @@ PACKAGES=(
   nfs-ganesha nfs-ganesha-vfs rpcbind nfs-common  # a real NFS server for its tests
   libcurl4-openssl-dev                   # the s3:// backend (HTTP, SigV4 signing)
   ceph-mon ceph-osd radosgw ceph-common curl  # a real S3 server for its tests (tools/rgw-server.sh)
+  strace                                 # counts what the CLI reads (cli_test)
 )
 
 # tools/gpu-check.sh builds against a pip wheel's LibTorch instead.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -84,12 +85,13 @@ struct StepVerdict {
   std::string_view Label() const { return corrupt ? "BAD" : unreadable ? "NOT VERIFIED" : "OK"; }
 };
 
-// Verifies every object of a step, collecting every problem (not just the
-// first) so that the report names all the damage.
-StepVerdict VerifyStep(Store& store, int64_t step, Progress& progress) {
+// Verifies every object of step `step` (opened as `reader`), collecting
+// every problem (not just the first) so that the report names all the
+// damage.
+StepVerdict VerifyStep(int64_t step, const Result<std::unique_ptr<CheckpointReader>>& reader,
+                       Progress& progress) {
   StepVerdict v;
   v.step = step;
-  auto reader = store.OpenStep(step);
   if (!reader.ok()) {
     v.Add(reader.status());
     return v;
@@ -121,11 +123,13 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
   if (latest.ok() && latest->has_value()) latest_step = (*latest)->step;
   bool all_good = true;
   if (verify) {
-    auto total = CommittedBytes(**store);
-    Progress progress(total.ok() ? *total : 0);
+    uint64_t total = 0;
+    for (const auto& s : *steps)
+      if (s.state == StepState::kCommitted) total += s.bytes;
+    Progress progress(total);
     for (auto& s : *steps) {
       if (s.state != StepState::kCommitted) continue;
-      StepVerdict v = VerifyStep(**store, s.step, progress);
+      StepVerdict v = VerifyStep(s.step, (*store)->OpenStep(s.step), progress);
       if (v.corrupt) s.state = StepState::kCorrupt;
       if (!v.errors.empty()) {
         s.problem = v.corrupt ? v.first_damage : "not verified: " + v.errors.front();
@@ -170,6 +174,19 @@ int CmdLs(const std::string& uri, bool verify, bool as_json) {
 int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bool as_json) {
   auto store = OpenExisting(uri);
   if (!store.ok()) return Fail(store.status());
+  // LATEST is part of what `verify` (of LATEST) and `verify --all` check: read
+  // once, it must name a step that is there, by the hash of its manifest.
+  const bool check_latest = all || step_text.empty() || step_text == "latest";
+  Result<std::optional<Latest>> latest = std::optional<Latest>();
+  if (check_latest) latest = (*store)->ReadLatest();
+  // Each step's manifest is read once, for the total, LATEST's check and
+  // the verification.
+  std::map<int64_t, Result<std::unique_ptr<CheckpointReader>>> readers;
+  auto reader_of = [&](int64_t step) -> const Result<std::unique_ptr<CheckpointReader>>& {
+    auto it = readers.find(step);
+    if (it == readers.end()) it = readers.emplace(step, (*store)->OpenStep(step)).first;
+    return it->second;
+  };
   std::vector<int64_t> targets;
   std::vector<StepVerdict> verdicts;
   if (all) {
@@ -184,34 +201,39 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
       return kExitBad;
     }
   } else {
-    auto step = ResolveStep(**store, step_text.empty() ? "latest" : step_text);
+    auto step = check_latest ? LatestStep(**store, latest) : ResolveStep(**store, step_text);
     if (!step.ok()) return Fail(step.status());
-    auto exists = (*store)->OpenStep(*step);
+    const auto& exists = reader_of(*step);
     if (!exists.ok() && exists.status().code() == Code::kNotFound) return Fail(exists.status());
     targets.push_back(*step);
   }
-  // LATEST is part of what `verify` (of LATEST) and `verify --all` check: it
-  // must name a step that is there, by the hash of its manifest. A step whose
-  // manifest is damaged is reported as that step's problem.
+  // A step whose manifest is damaged is reported as that step's problem.
   std::optional<Status> latest_error;
-  if (all || step_text.empty() || step_text == "latest") {
-    auto latest = (*store)->ReadLatest();
+  if (check_latest) {
     Status s = latest.status();
-    if (latest.ok() && latest->has_value() &&
-        (*store)->OpenStep((*latest)->step).status().code() != Code::kDataLoss)
-      s = (*store)->OpenLatest().status();
+    if (latest.ok() && latest->has_value()) {
+      const Latest& l = **latest;
+      const auto& named = reader_of(l.step);
+      if (named.ok() && (*named)->manifest_hash() != l.manifest_hash)
+        s = Status(Code::kDataLoss,
+                   "store " + (*store)->uri() + ": LATEST names step " + std::to_string(l.step) +
+                       " with manifest xxh3-128 " + l.manifest_hash.Hex() +
+                       ", but its MANIFEST.json hashes to " + (*named)->manifest_hash().Hex());
+      else if (!named.ok() && named.status().code() != Code::kDataLoss)
+        s = named.status();
+    }
     if (s.ok() && latest.ok() && !latest->has_value() && !targets.empty())
       s = Status(Code::kNotFound, "there is no LATEST, although steps are committed");
     if (!s.ok()) latest_error = s;
   }
   uint64_t total = 0;
-  for (int64_t step : targets) {
-    auto reader = (*store)->OpenStep(step);
-    if (reader.ok()) total += (*reader)->manifest().TotalBytes();
-  }
+  for (int64_t step : targets)
+    if (const auto& reader = reader_of(step); reader.ok())
+      total += (*reader)->manifest().TotalBytes();
   Progress progress(total);
   for (int64_t step : targets) {
-    verdicts.push_back(VerifyStep(**store, step, progress));
+    verdicts.push_back(VerifyStep(step, reader_of(step), progress));
+    readers.erase(step);  // its views and open objects go with it
   }
   progress.Done();
   // LATEST naming a missing step, or another manifest than the step's, is

@@ -29,16 +29,18 @@ inline Result<std::unique_ptr<Store>> OpenExisting(const std::string& uri) {
 }
 
 // "latest" (what LATEST names) or a step number.
+// The step LATEST names, from what Store::ReadLatest returned, or why none.
+inline Result<int64_t> LatestStep(const Store& store, const Result<std::optional<Latest>>& latest) {
+  if (!latest.ok())
+    return latest.status().WithContext("reading LATEST (run `ckptio fsck --repair " + store.uri() +
+                                       "`, or name a step)");
+  if (!latest->has_value())
+    return Status(Code::kNotFound, "store " + store.uri() + " has no LATEST: nothing committed");
+  return (*latest)->step;
+}
+
 inline Result<int64_t> ResolveStep(Store& store, const std::string& text) {
-  if (text == "latest") {
-    auto latest = store.ReadLatest();
-    if (!latest.ok())
-      return latest.status().WithContext("reading LATEST (run `ckptio fsck --repair " +
-                                         store.uri() + "`, or name a step)");
-    if (!latest->has_value())
-      return Status(Code::kNotFound, "store " + store.uri() + " has no LATEST: nothing committed");
-    return (*latest)->step;
-  }
+  if (text == "latest") return LatestStep(store, store.ReadLatest());
   try {
     size_t used = 0;
     long long v = std::stoll(text, &used);
