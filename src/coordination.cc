@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "backoff.h"
 #include "ckptio/manifest.h"
 #include "ckptio/store.h"
 #include "object_io.h"

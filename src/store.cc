@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backoff.h"
 #include "ckptio/coordination.h"
 #include "ckptio/log.h"
 #include "object_io.h"

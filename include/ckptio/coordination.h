@@ -92,26 +92,6 @@ class CKPTIO_EXPORT WaitInterrupt {
   WaitInterrupt* outer_;
 };
 
-// The pause between the tries of a wait: Wait() sleeps 1 ms, then twice as
-// long each time up to `max_delay`, never past `deadline`; false once the
-// deadline has passed or the thread's WaitInterrupt ended the wait (asked
-// at least every 50 ms, however long the pause).
-class CKPTIO_EXPORT Backoff {
- public:
-  explicit Backoff(std::chrono::steady_clock::time_point deadline,
-                   std::chrono::milliseconds max_delay = std::chrono::milliseconds(50))
-      : deadline_(deadline), max_delay_(max_delay) {}
-  bool Wait();
-  // Why Wait() returned false: the interrupt's status, else `timed_out`.
-  Status Stopped(Status timed_out) const;
-
- private:
-  std::chrono::steady_clock::time_point deadline_;
-  std::chrono::microseconds max_delay_;
-  std::chrono::microseconds delay_{1000};
-  Status interrupted_;
-};
-
 class CKPTIO_EXPORT Coordinator {
  public:
   virtual ~Coordinator() = default;
@@ -166,8 +146,6 @@ class CKPTIO_EXPORT Coordinator {
   // last reader deletes the record; the file modes keep it (Retract, or the
   // next launch, removes it).
   virtual void Consumed(const std::string& name) { (void)name; }
-
- protected:
 };
 
 // kManifest or kFileLock coordination through the store at `backend`.

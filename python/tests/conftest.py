@@ -4,6 +4,7 @@ system. On a network or FUSE one, ckptio's POSIX backend works in lease mode
 paths would fail for that reason alone; the run stops at once instead,
 saying why (as the C++ tests' TempDir does)."""
 import os
+import re
 import tempfile
 
 import pytest
@@ -18,21 +19,22 @@ NETWORK_TYPES = {"nfs", "nfs4", "smbfs", "cifs", "smb3", "9p", "ceph", "afs", "c
 def file_system_type(path):
     """The type of the file system `path` is on (the deepest mount holding
     it, the last mounted there); None if /proc/self/mountinfo is unreadable."""
-    path = os.path.realpath(path)
+    path = os.fsencode(os.path.realpath(path))
     best, kind = None, None
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if "-" not in fields:
-                    continue
-                # Spaces and other odd bytes are octal escapes ("\040").
-                mount = fields[4].encode().decode("unicode_escape")
-                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
-                if inside and (best is None or len(mount) >= len(best)):
-                    best, kind = mount, fields[fields.index("-") + 1]
+        with open("/proc/self/mountinfo", "rb") as f:
+            table = f.read()
     except OSError:
         return None
+    for line in table.splitlines():
+        fields = line.split()
+        if b"-" not in fields:
+            continue
+        # Spaces and other odd bytes are octal escapes ("\040").
+        mount = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+        inside = path == mount or path.startswith(mount.rstrip(b"/") + b"/")
+        if inside and (best is None or len(mount) >= len(best)):
+            best, kind = mount, fields[fields.index(b"-") + 1].decode("ascii", "replace")
     return kind
 
 

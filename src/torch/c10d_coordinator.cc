@@ -1,4 +1,5 @@
 // Coordination through a c10d::Store (the trainer's TCPStore).
+#include "backoff.h"
 #include "ckptio/torch.h"
 #include "torch/c10d_store.h"
 

@@ -126,29 +126,11 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
   // an item of the State takes one; a name in two parts (no writer makes
   // one), the first listed. (Pointers sorted, not a tree of copied names:
   // 10,000 tensors cost a load milliseconds that way.)
-  const bool wants_loose =
-      kind_of("tensors") != "module" &&
+  std::vector<const TensorEntry*> loose_saved;
+  if (kind_of("tensors") != "module" &&
       (other_tensors || std::any_of(state.items.begin(), state.items.end(), [](const StateItem& i) {
          return i.kind() == StateItem::Kind::kTensor;
-       }));
-  // The objects the items take, and their stripes' parts, viewed at once
-  // first (on an object store each is round trips; a rank other than 0
-  // has viewed none yet).
-  std::set<std::string> bases;
-  if (wants_loose) bases.insert(kTensorsObject);
-  for (const StateItem& item : state.items) {
-    const std::string kind = kind_of(item.name());
-    if (item.kind() == StateItem::Kind::kModule && kind == "module")
-      bases.insert(ModuleObject(item.name()));
-    if (item.kind() == StateItem::Kind::kOptimizer && kind.rfind("optimizer", 0) == 0)
-      bases.insert(OptimizerObject(item.name()));
-  }
-  std::vector<std::string> wanted;
-  for (const ObjectEntry& o : reader.manifest().objects)
-    if (bases.count(StripeBaseObject(reader.manifest(), o.name))) wanted.push_back(o.name);
-  CKPTIO_RETURN_IF_ERROR(opened.ViewAll(wanted));
-  std::vector<const TensorEntry*> loose_saved;
-  if (wants_loose) {
+       }))) {
     const std::string* object = nullptr;  // entries come object by object
     bool loose_object = false;
     for (const auto& t : reader.manifest().tensors) {
@@ -169,6 +151,38 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
     if (it == loose_saved.end() || (*it)->name != name) return std::nullopt;
     return static_cast<size_t>(it - loose_saved.begin());
   };
+  // The object a module or optimizer item takes; "" when the step has no
+  // such item.
+  auto object_of = [&](const StateItem& item) -> std::string {
+    const std::string kind = kind_of(item.name());
+    if (item.kind() == StateItem::Kind::kModule && kind == "module")
+      return ModuleObject(item.name());
+    if (item.kind() == StateItem::Kind::kOptimizer && kind.rfind("optimizer", 0) == 0)
+      return OptimizerObject(item.name());
+    return "";
+  };
+  {
+    // Every object the items take (a module's with its stripes' parts, a
+    // loose tensor's part), viewed at once first: on an object store each
+    // is round trips, and a rank other than 0 has viewed none yet (rank 0,
+    // which chose the step, has viewed them all).
+    std::set<std::string> bases, parts;
+    for (const StateItem& item : state.items) {
+      if (std::string object = object_of(item); !object.empty()) bases.insert(std::move(object));
+      if (item.kind() != StateItem::Kind::kTensor) continue;
+      if (const std::optional<size_t> found = find_loose(item.name()))
+        parts.insert(loose_saved[*found]->object);
+    }
+    if (!loose_saved.empty() && (other_tensors || !parts.empty())) {
+      parts.insert(kTensorsObject);
+      if (other_tensors) bases.insert(kTensorsObject);
+    }
+    std::vector<std::string> wanted;
+    for (const ObjectEntry& o : reader.manifest().objects)
+      if (parts.count(o.name) || bases.count(StripeBaseObject(reader.manifest(), o.name)))
+        wanted.push_back(o.name);
+    CKPTIO_RETURN_IF_ERROR(opened.ViewAll(wanted));
+  }
   std::vector<std::pair<torch::Tensor*, const TensorEntry*>> loose;
   for (StateItem& item : state.items) {
     const std::string& name = item.name();
@@ -183,12 +197,12 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
     };
     switch (item.kind()) {
       case StateItem::Kind::kModule: {
-        if (kind != "module") return missing();
+        const std::string object = object_of(item);
+        if (object.empty()) return missing();
         auto live = item.module_tensors();
         std::vector<StagedTensor> loaded;
         CKPTIO_RETURN_IF_ERROR(Guard("loading module " + name, [&] {
-          return StageTensors(opened, ModuleObject(name), "module " + name, live, map, rank,
-                              &loaded);
+          return StageTensors(opened, object, "module " + name, live, map, rank, &loaded);
         }));
         for (size_t i = 0; i < live.size(); ++i) {
           if (loaded[i].into_gpu) {  // a byte copy into its memory, as MemcpysInto
@@ -203,8 +217,9 @@ Result<Staged> Stage(OpenedStep& opened, State& state, const MapLocation& map, c
         break;
       }
       case StateItem::Kind::kOptimizer: {
-        if (kind.rfind("optimizer", 0) != 0) return missing();
-        CKPTIO_ASSIGN_OR_RETURN(auto bytes, opened.View(OptimizerObject(name)));
+        const std::string object = object_of(item);
+        if (object.empty()) return missing();
+        CKPTIO_ASSIGN_OR_RETURN(auto bytes, opened.View(object));
         // The mapping sees the device recorded at save time ("optimizer:<d>"),
         // as for tensors; the optimizer's own where none was recorded.
         const std::string saved = kind.size() > 10 ? kind.substr(10) : DeviceOf(item.optimizer());
