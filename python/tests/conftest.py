@@ -18,7 +18,9 @@ NETWORK_TYPES = {"nfs", "nfs4", "smbfs", "cifs", "smb3", "9p", "ceph", "afs", "c
 
 def file_system_type(path):
     """The type of the file system `path` is on (the deepest mount holding
-    it, the last mounted there); None if /proc/self/mountinfo is unreadable."""
+    it, the last mounted there); None if /proc/self/mountinfo is unreadable
+    or shows no mount holding it (in a chroot whose root is not a mount
+    point), where the run goes on unchecked."""
     path = os.fsencode(os.path.realpath(path))
     best, kind = None, None
     try:

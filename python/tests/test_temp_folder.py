@@ -28,13 +28,17 @@ def test_file_system_types_are_read_from_the_mount_table(tmp_path):
 
 
 def test_a_temporary_folder_on_a_network_file_system_stops_the_run(tmp_path, monkeypatch):
+    real_type = conftest.file_system_type
+    monkeypatch.setattr(conftest, "file_system_type", lambda path: "fuse.sshfs")
+    with pytest.raises(pytest.UsageError, match=r"network or FUSE file system \(fuse.sshfs\)"):
+        conftest.pytest_configure(config(tmp_path))
+    monkeypatch.setattr(conftest, "file_system_type", real_type)
     kind = conftest.file_system_type(tmp_path)
-    assert kind, "no file system type found for " + str(tmp_path)
+    if kind is None:
+        pytest.skip("the mount table does not show the mount holding " + str(tmp_path) +
+                    " (a chroot whose root is not a mount point): its own type is not checked")
     conftest.pytest_configure(config(tmp_path))  # local here: no error
     # As if this file system were a network one.
     monkeypatch.setattr(conftest, "NETWORK_TYPES", conftest.NETWORK_TYPES | {kind})
     with pytest.raises(pytest.UsageError, match="set TMPDIR to a folder on a local file system"):
-        conftest.pytest_configure(config(tmp_path))
-    monkeypatch.setattr(conftest, "file_system_type", lambda path: "fuse.sshfs")
-    with pytest.raises(pytest.UsageError, match=r"network or FUSE file system \(fuse.sshfs\)"):
         conftest.pytest_configure(config(tmp_path))
