@@ -179,8 +179,9 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
   const bool check_latest = all || step_text.empty() || step_text == "latest";
   Result<std::optional<Latest>> latest = std::optional<Latest>();
   if (check_latest) latest = (*store)->ReadLatest();
-  // Each step's manifest is read once, for the total, LATEST's check and
-  // the verification.
+  // Each step's manifest is read once, for LATEST's check and the
+  // verification (a step is opened when first needed and closed once
+  // verified: a store's manifests are not all held at once).
   std::map<int64_t, Result<std::unique_ptr<CheckpointReader>>> readers;
   auto reader_of = [&](int64_t step) -> const Result<std::unique_ptr<CheckpointReader>>& {
     auto it = readers.find(step);
@@ -189,12 +190,14 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
   };
   std::vector<int64_t> targets;
   std::vector<StepVerdict> verdicts;
+  uint64_t total = 0;  // bytes to verify
   if (all) {
     auto steps = (*store)->ListSteps();
     if (!steps.ok()) return Fail(steps.status());
     for (const auto& s : *steps) {
       if (s.state == StepState::kTorn) continue;  // never committed; fsck reports it
       targets.push_back(s.step);
+      total += s.bytes;
     }
     if (targets.empty()) {
       std::cerr << "ckptio: no committed steps in " << (*store)->uri() << "\n";
@@ -205,6 +208,7 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
     if (!step.ok()) return Fail(step.status());
     const auto& exists = reader_of(*step);
     if (!exists.ok() && exists.status().code() == Code::kNotFound) return Fail(exists.status());
+    if (exists.ok()) total = (*exists)->manifest().TotalBytes();
     targets.push_back(*step);
   }
   // A step whose manifest is damaged is reported as that step's problem.
@@ -226,10 +230,6 @@ int CmdVerify(const std::string& uri, const std::string& step_text, bool all, bo
       s = Status(Code::kNotFound, "there is no LATEST, although steps are committed");
     if (!s.ok()) latest_error = s;
   }
-  uint64_t total = 0;
-  for (int64_t step : targets)
-    if (const auto& reader = reader_of(step); reader.ok())
-      total += (*reader)->manifest().TotalBytes();
   Progress progress(total);
   for (int64_t step : targets) {
     verdicts.push_back(VerifyStep(step, reader_of(step), progress));
