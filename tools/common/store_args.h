@@ -28,7 +28,6 @@ inline Result<std::unique_ptr<Store>> OpenExisting(const std::string& uri) {
                     "step-* or .coord (is it the store's parent?); check the path");
 }
 
-// "latest" (what LATEST names) or a step number.
 // The step LATEST names, from what Store::ReadLatest returned, or why none.
 inline Result<int64_t> LatestStep(const Store& store, const Result<std::optional<Latest>>& latest) {
   if (!latest.ok())
@@ -39,6 +38,7 @@ inline Result<int64_t> LatestStep(const Store& store, const Result<std::optional
   return (*latest)->step;
 }
 
+// "latest" (what LATEST names) or a step number.
 inline Result<int64_t> ResolveStep(Store& store, const std::string& text) {
   if (text == "latest") return LatestStep(store, store.ReadLatest());
   try {
